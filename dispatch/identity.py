@@ -1,0 +1,25 @@
+"""Deterministic occurrence ids: the same fire gets the same id after every retry, failover, replay and backfill."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+# Fixed forever: changing it would give every future fire a new id and defeat downstream deduplication.
+OCCURRENCE_NAMESPACE = uuid.UUID("6f1c2b8e-5a43-4d0e-9b7e-2c1f0a9d8e71")
+
+
+def utc_key(instant: datetime) -> str:
+    """Canonical UTC text of an instant (microseconds kept, so distinct instants never share a key)."""
+    if instant.tzinfo is None:
+        raise ValueError("occurrence instants must be timezone-aware")
+    return instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def occurrence_id_for(schedule_id: uuid.UUID, version: int, scheduled_for: datetime) -> uuid.UUID:
+    return uuid.uuid5(OCCURRENCE_NAMESPACE, f"{schedule_id}/{version}/{utc_key(scheduled_for)}")
+
+
+def manual_occurrence_id_for(schedule_id: uuid.UUID, version: int, trigger_key: str) -> uuid.UUID:
+    """A manual fire's id: derived from the caller's Idempotency-Key, or from the trigger instant without one."""
+    return uuid.uuid5(OCCURRENCE_NAMESPACE, f"{schedule_id}/{version}/manual/{trigger_key}")

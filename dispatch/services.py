@@ -1,0 +1,107 @@
+"""State changes of occurrences that the control plane triggers: invalidation, manual fires, in-flight reports."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import transaction
+
+from dispatch.identity import manual_occurrence_id_for
+from dispatch.models import IN_FLIGHT_STATES, UNCLAIMED_STATES, Occurrence, OccurrenceState, OutboxMessage
+from dispatch.queues import queue_for_lane
+from schedules.errors import StateConflict
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InFlight:
+    occurrence_id: uuid.UUID
+    state: str
+
+
+def invalidate_unclaimed_occurrences(schedule_id: uuid.UUID, below_version: int, now: datetime) -> int:
+    """Cancel occurrences of older versions that no worker has claimed yet (ARCHITECTURE rule 9).
+
+    One conditional UPDATE: a worker's claim (`WHERE state = 'enqueued'`) and this statement serialise on the
+    row lock, so an occurrence ends either claimed (and reported in flight) or canceled, never both.
+    """
+    canceled = Occurrence.objects.filter(
+        schedule_id=schedule_id, schedule_version__lt=below_version, state__in=UNCLAIMED_STATES
+    ).update(state=OccurrenceState.CANCELED, finished_at=now)
+    if canceled:
+        logger.info(
+            "canceled %d unclaimed occurrences of schedule %s below version %d",
+            canceled,
+            schedule_id,
+            below_version,
+            extra={"action": "invalidate_occurrences"},
+        )
+    return canceled
+
+
+def in_flight_occurrences(schedule_id: uuid.UUID) -> list[InFlight]:
+    """What a worker has already claimed and may still run; a cancel cannot withdraw it."""
+    rows = Occurrence.objects.filter(schedule_id=schedule_id, state__in=IN_FLIGHT_STATES).values_list(
+        "occurrence_id", "state"
+    )
+    return [InFlight(occurrence_id=oid, state=state) for oid, state in rows]
+
+
+def trigger_manual_occurrence(schedule, *, now: datetime, trigger_key: str | None = None) -> uuid.UUID:
+    """A fire now, outside the cron rhythm. With a caller key the same key always yields the same occurrence."""
+    key = trigger_key if trigger_key else now.isoformat()
+    occurrence_id = manual_occurrence_id_for(schedule.id, schedule.version, key)
+    with transaction.atomic():
+        _, created = Occurrence.objects.get_or_create(
+            occurrence_id=occurrence_id,
+            defaults={
+                "schedule_id": schedule.id,
+                "tenant_id": schedule.tenant_id,
+                "schedule_version": schedule.version,
+                "scheduled_for": now,
+                "available_at": now,
+                "lane": schedule.lane,
+                "priority": schedule.priority,
+                "manual": True,
+            },
+        )
+        if created:
+            OutboxMessage.objects.create(
+                occurrence_id=occurrence_id,
+                tenant_id=schedule.tenant_id,
+                queue=queue_for_lane(schedule.lane),
+                available_at=now,
+                priority=schedule.priority,
+            )
+    logger.info(
+        "manual trigger of schedule %s -> occurrence %s (new=%s)",
+        schedule.id,
+        occurrence_id,
+        created,
+        extra={"action": "trigger"},
+    )
+    return occurrence_id
+
+
+def replay_dead_occurrence(occurrence_id: uuid.UUID, *, now: datetime) -> None:
+    """Re-enqueue a dead occurrence under its own id (the DLQ replay); any other state is a conflict."""
+    with transaction.atomic():
+        occurrence = Occurrence.objects.select_for_update().filter(occurrence_id=occurrence_id).first()
+        if occurrence is None or occurrence.state != OccurrenceState.DEAD:
+            state = occurrence.state if occurrence else "unknown"
+            raise StateConflict(f"Only a dead occurrence can be replayed; this one is {state}.")
+        Occurrence.objects.filter(occurrence_id=occurrence_id, state=OccurrenceState.DEAD).update(
+            state=OccurrenceState.SCHEDULED, available_at=now, finished_at=None
+        )
+        OutboxMessage.objects.create(
+            occurrence_id=occurrence_id,
+            tenant_id=occurrence.tenant_id,
+            queue=queue_for_lane(occurrence.lane),
+            available_at=now,
+            priority=occurrence.priority,
+        )
+    logger.info("replayed dead occurrence %s", occurrence_id, extra={"action": "replay"})

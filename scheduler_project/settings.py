@@ -1,0 +1,161 @@
+"""Django settings: everything that differs between machines comes from the environment (12-factor)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from scheduler_project.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG and env_bool("DJANGO_REQUIRE_SECRET_KEY", False):
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when DJANGO_REQUIRE_SECRET_KEY is on.")
+    # A fixed development key keeps local sessions valid across restarts; production sets its own.
+    SECRET_KEY = "dev-only-insecure-key-change-me-in-production-0123456789"
+
+# A leading dot accepts every subdomain: tenants live at <slug>.localhost in development.
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", ".localhost"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+SHARED_APPS = [
+    "django_tenants",
+    "tenants",
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django.contrib.admin",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "django_celery_results",
+    "schedules",
+    "dispatch",
+]
+# Each tenant's API users and tokens live in the tenant's own schema, so a token can only ever
+# authenticate on its own tenant's host (the search path never reaches another tenant's schema).
+TENANT_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "rest_framework.authtoken",
+]
+INSTALLED_APPS = SHARED_APPS + [app for app in TENANT_APPS if app not in SHARED_APPS]
+
+TENANT_MODEL = "tenants.Tenant"
+TENANT_DOMAIN_MODEL = "tenants.Domain"
+PUBLIC_SCHEMA_URLCONF = "scheduler_project.urls_public"
+ROOT_URLCONF = "scheduler_project.urls_tenant"
+
+MIDDLEWARE = [
+    "scheduler_project.middleware.BodySizeLimitMiddleware",
+    "tenants.middleware.TenantHostMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "scheduler_project.wsgi.application"
+
+_database = dj_database_url.parse(
+    env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/scheduler"),
+    conn_max_age=env_int("SCHEDULER_DB_CONN_MAX_AGE", 60, minimum=0),
+)
+if _database["ENGINE"] != "django.db.backends.postgresql":
+    raise ImproperlyConfigured("DATABASE_URL must point at PostgreSQL (postgres://...).")
+_database["ENGINE"] = "django_tenants.postgresql_backend"
+DATABASES = {"default": _database}
+DATABASE_ROUTERS = ["django_tenants.routers.TenantSyncRouter"]
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+
+# Request bodies above this are refused before parsing (413); the payload field has its own 64 KiB rule.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 256 * 1024
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.TokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": env_int("SCHEDULER_API_PAGE_SIZE", 50, minimum=1, maximum=1000),
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_CLASSES": ["schedules.api.throttles.TenantRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"tenant": env_str("SCHEDULER_API_RATE", "6000/min")},
+    "EXCEPTION_HANDLER": "schedules.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Scheduler platform API",
+    "DESCRIPTION": "Cron and one-off schedules in IANA time zones, delivered at least once to registered handlers.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+}
+
+# --- Celery (RabbitMQ broker; django-celery-results keeps Celery's own task results) ---
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+CELERY_RESULT_BACKEND = "django-db"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# --- Scheduler tunables (SCHEDULER_*) ---
+# Schedules are spread over this many logical shards (shard = id mod N); materializers lease shards.
+# Changing it re-shards nothing already stored, so it is fixed per deployment.
+SCHEDULER_SHARDS = env_int("SCHEDULER_SHARDS", 256, minimum=1, maximum=65536)
+# Payloads are stored and shipped with every occurrence: keep them small.
+SCHEDULER_MAX_PAYLOAD_BYTES = env_int("SCHEDULER_MAX_PAYLOAD_BYTES", 64 * 1024, minimum=1024)
+# How far ahead occurrences are materialized: covers failover and enqueue budgets (ARCHITECTURE rule 2).
+SCHEDULER_HORIZON_SECONDS = env_float("SCHEDULER_HORIZON_SECONDS", 120.0, minimum=1.0)
+# Retry-After sent with a 429 for the schedule-count quota: a count frees up only when a user acts.
+SCHEDULER_QUOTA_RETRY_AFTER_SECONDS = env_int("SCHEDULER_QUOTA_RETRY_AFTER_SECONDS", 60, minimum=1)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("SCHEDULER_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+# Hosts that serve the operator console, /metrics and /healthz (the public schema).
+SCHEDULER_PUBLIC_HOSTS = env_list("SCHEDULER_PUBLIC_HOSTS", ["localhost", "127.0.0.1"])

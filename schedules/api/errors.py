@@ -1,0 +1,25 @@
+"""Maps domain exceptions of the services to HTTP answers, so views never translate errors ad hoc."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, ScheduleInvalid):
+        return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, StateConflict):
+        return Response({"detail": exc.message}, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, QuotaExceeded):
+        return Response(
+            {"detail": exc.message},
+            status=status.HTTP_429_TOO_MANY_REQUESTS,
+            headers={"Retry-After": str(exc.retry_after_seconds)},
+        )
+    return drf_exception_handler(exc, context)

@@ -1,0 +1,177 @@
+"""Wire shapes of schedules, previews and occurrences; types are checked here, rules in the services."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from dispatch.models import Attempt, Occurrence
+from schedules.models import DEFINITION_FIELDS, Kind, Lane, MisfirePolicy, OverlapPolicy, Schedule
+from schedules.services import MAX_PREVIEW_COUNT, NUMERIC_RANGES
+from schedules.timerules import local_time
+
+# Keys a client may send back from a GET without meaning to change them: ignored on input.
+READ_ONLY_KEYS = frozenset({"id", "state", "version", "next_run_at", "created_at", "updated_at"})
+
+
+@extend_schema_field(OpenApiTypes.DATETIME)
+class AwareDateTimeField(serializers.Field):
+    """ISO 8601 with an explicit offset or Z. A naive time is refused: guessing its zone loses fires."""
+
+    default_error_messages = {
+        "invalid": "Not an ISO 8601 date-time, e.g. 2026-12-01T09:00:00Z.",
+        "naive": "Give an offset or 'Z' (ISO 8601), e.g. 2026-12-01T09:00:00Z.",
+    }
+
+    def to_internal_value(self, data: Any) -> datetime:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        try:
+            value = parse_datetime(data.strip())
+        except ValueError:
+            value = None
+        if value is None:
+            self.fail("invalid")
+        if value.tzinfo is None:
+            self.fail("naive")
+        return value.astimezone(UTC)
+
+    def to_representation(self, value: datetime) -> str:
+        return utc_text(value)
+
+
+def utc_text(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _int_field(name: str) -> serializers.IntegerField:
+    low, high = NUMERIC_RANGES[name]
+    return serializers.IntegerField(required=False, min_value=low, max_value=high)
+
+
+class ScheduleInputSerializer(serializers.Serializer):
+    """Create and PATCH bodies. Every field is optional here; required-ness depends on kind (services)."""
+
+    name = serializers.CharField(required=False, max_length=200)
+    kind = serializers.ChoiceField(choices=Kind.choices, required=False)
+    cron = serializers.CharField(required=False, allow_null=True, allow_blank=True, max_length=200)
+    run_at = AwareDateTimeField(required=False, allow_null=True)
+    timezone = serializers.CharField(required=False, max_length=64)
+    lane = serializers.ChoiceField(choices=Lane.choices, required=False)
+    flexible_window_seconds = _int_field("flexible_window_seconds")
+    priority = _int_field("priority")
+    handler = serializers.CharField(required=False, max_length=100)
+    payload = serializers.JSONField(required=False)
+    misfire_policy = serializers.ChoiceField(choices=MisfirePolicy.choices, required=False)
+    max_lateness_seconds = _int_field("max_lateness_seconds")
+    catchup_limit = _int_field("catchup_limit")
+    overlap_policy = serializers.ChoiceField(choices=OverlapPolicy.choices, required=False)
+    max_attempts = _int_field("max_attempts")
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(DEFINITION_FIELDS) - READ_ONLY_KEYS - self.extra_keys())
+            if unknown:
+                raise serializers.ValidationError({key: ["Unknown field."] for key in unknown})
+        values = super().to_internal_value(data)
+        kept = set(DEFINITION_FIELDS) | self.extra_keys()
+        return {key: value for key, value in values.items() if key in kept}
+
+    def extra_keys(self) -> set[str]:
+        return set()
+
+    def validate_payload(self, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("Must be a JSON object.")
+        return value
+
+
+class PreviewInputSerializer(ScheduleInputSerializer):
+    """An unsaved definition plus where the preview starts and how many fires it lists."""
+
+    after = AwareDateTimeField(required=False)
+    count = serializers.IntegerField(required=False, min_value=1, max_value=MAX_PREVIEW_COUNT, default=10)
+
+    def extra_keys(self) -> set[str]:
+        return {"after", "count"}
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        values = super().to_internal_value(data)
+        after = values.pop("after", None)
+        count = values.pop("count", 10)
+        return {"definition": values, "after": after, "count": count}
+
+
+class PreviewQuerySerializer(serializers.Serializer):
+    after = AwareDateTimeField(required=False)
+    count = serializers.IntegerField(required=False, min_value=1, max_value=MAX_PREVIEW_COUNT, default=10)
+
+
+class ScheduleSerializer(serializers.ModelSerializer):
+    run_at = AwareDateTimeField(allow_null=True)
+    next_run_at = AwareDateTimeField(allow_null=True)
+    created_at = AwareDateTimeField()
+    updated_at = AwareDateTimeField()
+
+    class Meta:
+        model = Schedule
+        fields = ["id", *DEFINITION_FIELDS, "state", "version", "next_run_at", "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+def fires_json(fires: list[datetime], timezone: str) -> dict[str, list[dict[str, str]]]:
+    return {
+        "fires": [{"at": utc_text(fire), "local": local_time(fire, timezone).isoformat()} for fire in fires]
+    }
+
+
+class AttemptSerializer(serializers.ModelSerializer):
+    started_at = AwareDateTimeField()
+    finished_at = AwareDateTimeField(allow_null=True)
+
+    class Meta:
+        model = Attempt
+        fields = ["generation", "started_at", "finished_at", "outcome", "error"]
+        read_only_fields = fields
+
+
+class OccurrenceSerializer(serializers.ModelSerializer):
+    schedule_id = serializers.UUIDField(read_only=True)
+    scheduled_for = AwareDateTimeField()
+    available_at = AwareDateTimeField()
+    enqueued_at = AwareDateTimeField(allow_null=True)
+    finished_at = AwareDateTimeField(allow_null=True)
+    attempts = AttemptSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Occurrence
+        fields = [
+            "occurrence_id",
+            "schedule_id",
+            "schedule_version",
+            "scheduled_for",
+            "available_at",
+            "lane",
+            "state",
+            "attempt_count",
+            "enqueued_at",
+            "finished_at",
+            "attempts",
+        ]
+        read_only_fields = fields
+
+
+class InFlightSerializer(serializers.Serializer):
+    occurrence_id = serializers.UUIDField()
+    state = serializers.CharField()
+
+
+class OccurrenceIdSerializer(serializers.Serializer):
+    occurrence_id = serializers.UUIDField()

@@ -1,0 +1,25 @@
+"""Routes of the tenant API under /api/v1/."""
+
+from __future__ import annotations
+
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import SimpleRouter
+
+from schedules.api.views import OccurrenceViewSet, ScheduleViewSet
+
+router = SimpleRouter()
+router.register("schedules", ScheduleViewSet, basename="schedule")
+router.register("occurrences", OccurrenceViewSet, basename="occurrence")
+
+urlpatterns = [
+    path(
+        "schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]), name="schema"
+    ),
+    path(
+        "docs/",
+        SpectacularSwaggerView.as_view(url_name="schema", authentication_classes=[], permission_classes=[]),
+        name="docs",
+    ),
+    path("", include(router.urls)),
+]

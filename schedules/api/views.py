@@ -1,0 +1,184 @@
+"""Tenant REST API: parse, call a service, serialize. Tenant scoping happens only in get_queryset()."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from dispatch import services as dispatch_services
+from dispatch.models import Occurrence
+from schedules import services
+from schedules.api.filters import ScheduleFilter
+from schedules.api.serializers import (
+    InFlightSerializer,
+    OccurrenceIdSerializer,
+    OccurrenceSerializer,
+    PreviewInputSerializer,
+    PreviewQuerySerializer,
+    ScheduleInputSerializer,
+    ScheduleSerializer,
+    fires_json,
+)
+from schedules.clock import db_now
+from schedules.models import Schedule
+from schedules.timerules import TimeRule
+
+FiresSerializer = inline_serializer(
+    name="Fires",
+    fields={"fires": serializers.ListField(child=serializers.DictField(child=serializers.CharField()))},
+)
+CancelSerializer = inline_serializer(
+    name="CancelResult", fields={"schedule": ScheduleSerializer(), "in_flight": InFlightSerializer(many=True)}
+)
+
+
+PREVIEW_PLACEHOLDERS = {"name": "preview", "handler": "noop"}
+
+
+def actor_of(request: Request) -> str:
+    """Who acted, as text: tenant users and operators live in different schemas, so ids alone are ambiguous."""
+    return f"tenant:{request.tenant.slug}/{request.user.get_username()}"
+
+
+class ScheduleViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,
+):
+    serializer_class = ScheduleSerializer
+    filterset_class = ScheduleFilter
+
+    def get_queryset(self):
+        return Schedule.objects.for_tenant(self.request.tenant).order_by("-created_at", "id")
+
+    @extend_schema(
+        request=ScheduleInputSerializer, responses={201: ScheduleSerializer, 200: ScheduleSerializer}
+    )
+    def create(self, request: Request) -> Response:
+        body = ScheduleInputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        schedule, created = services.create_schedule(
+            tenant=request.tenant,
+            data=body.validated_data,
+            actor=actor_of(request),
+            idempotency_key=request.headers.get("Idempotency-Key") or None,
+            request_fingerprint=services.fingerprint(request.data),
+        )
+        return Response(
+            ScheduleSerializer(schedule).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
+
+    @extend_schema(request=ScheduleInputSerializer, responses=ScheduleSerializer)
+    def partial_update(self, request: Request, pk: str | None = None) -> Response:
+        body = ScheduleInputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        schedule = services.update_schedule(self.get_object(), body.validated_data, actor=actor_of(request))
+        return Response(ScheduleSerializer(schedule).data)
+
+    @extend_schema(request=None, responses=ScheduleSerializer)
+    @action(detail=True, methods=["post"])
+    def pause(self, request: Request, pk: str | None = None) -> Response:
+        schedule = services.pause_schedule(self.get_object(), actor=actor_of(request))
+        return Response(ScheduleSerializer(schedule).data)
+
+    @extend_schema(request=None, responses=ScheduleSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str | None = None) -> Response:
+        schedule = services.resume_schedule(self.get_object(), actor=actor_of(request))
+        return Response(ScheduleSerializer(schedule).data)
+
+    @extend_schema(request=None, responses=CancelSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        result = services.cancel_schedule(self.get_object(), actor=actor_of(request))
+        return Response(
+            {
+                "schedule": ScheduleSerializer(result.schedule).data,
+                "in_flight": InFlightSerializer(result.in_flight, many=True).data,
+            }
+        )
+
+    @extend_schema(request=None, responses=CancelSerializer)
+    def destroy(self, request: Request, pk: str | None = None) -> Response:
+        return self.cancel(request, pk)
+
+    @extend_schema(parameters=[PreviewQuerySerializer], responses=FiresSerializer)
+    @action(detail=True, methods=["get"])
+    def preview(self, request: Request, pk: str | None = None) -> Response:
+        schedule = self.get_object()
+        query = PreviewQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        after: datetime = query.validated_data.get("after") or db_now()
+        fires = services.preview_fires(schedule.time_rule, after=after, count=query.validated_data["count"])
+        return Response(fires_json(fires, schedule.timezone))
+
+    @extend_schema(request=PreviewInputSerializer, responses=FiresSerializer)
+    @action(detail=False, methods=["post"], url_path="preview")
+    def preview_unsaved(self, request: Request) -> Response:
+        body = PreviewInputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        # A preview needs only the time fields; name and handler get placeholders when absent.
+        definition = services.clean_definition({**PREVIEW_PLACEHOLDERS, **body.validated_data["definition"]})
+        rule = TimeRule(
+            kind=definition["kind"],
+            timezone=definition["timezone"],
+            cron=definition["cron"],
+            run_at=definition["run_at"],
+        )
+        after = body.validated_data["after"] or db_now()
+        fires = services.preview_fires(rule, after=after, count=body.validated_data["count"])
+        return Response(fires_json(fires, definition["timezone"]))
+
+    @extend_schema(request=None, responses={202: OccurrenceIdSerializer})
+    @action(detail=True, methods=["post"])
+    def trigger(self, request: Request, pk: str | None = None) -> Response:
+        occurrence_id = services.trigger_schedule(
+            self.get_object(),
+            actor=actor_of(request),
+            trigger_key=request.headers.get("Idempotency-Key") or None,
+        )
+        return Response({"occurrence_id": str(occurrence_id)}, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses=OccurrenceSerializer(many=True), filters=False)
+    @action(detail=True, methods=["get"])
+    def occurrences(self, request: Request, pk: str | None = None) -> Response:
+        schedule = self.get_object()
+        occurrences = (
+            Occurrence.objects.for_tenant(request.tenant)
+            .filter(schedule=schedule)
+            .order_by("-scheduled_for", "occurrence_id")
+            .prefetch_related("attempts")
+        )
+        page = self.paginate_queryset(occurrences)
+        return self.get_paginated_response(OccurrenceSerializer(page, many=True).data)
+
+    def filter_queryset(self, queryset):
+        # Filters apply to the schedule list only, not to an action's own listing.
+        if self.action != "list":
+            return queryset
+        return super().filter_queryset(queryset)
+
+
+class OccurrenceViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = OccurrenceSerializer
+    lookup_field = "occurrence_id"
+    filter_backends: list = []
+
+    def get_queryset(self):
+        return Occurrence.objects.for_tenant(self.request.tenant).prefetch_related("attempts")
+
+    @extend_schema(request=None, responses={202: OccurrenceIdSerializer})
+    @action(detail=True, methods=["post"])
+    def replay(self, request: Request, occurrence_id: str | None = None) -> Response:
+        occurrence = self.get_object()
+        dispatch_services.replay_dead_occurrence(occurrence.occurrence_id, now=db_now())
+        return Response({"occurrence_id": str(occurrence.occurrence_id)}, status=status.HTTP_202_ACCEPTED)
+
+
+__all__ = ["OccurrenceViewSet", "ScheduleViewSet"]

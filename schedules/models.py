@@ -1,0 +1,196 @@
+"""Schedule (the definition and its UTC cursor) and ScheduleVersion (the immutable history of definitions)."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from schedules.timerules import TimeRule
+
+
+class Kind(models.TextChoices):
+    CRON = "cron"
+    ONCE = "once"
+
+
+class Lane(models.TextChoices):
+    STRICT = "strict"
+    FLEXIBLE = "flexible"
+
+
+class MisfirePolicy(models.TextChoices):
+    SKIP = "skip"
+    FIRE_ONCE = "fire_once"
+    CATCH_UP = "catch_up"
+
+
+class OverlapPolicy(models.TextChoices):
+    ALLOW = "allow"
+    SKIP_IF_RUNNING = "skip_if_running"
+    QUEUE_ONE = "queue_one"
+
+
+class ScheduleState(models.TextChoices):
+    ACTIVE = "active"
+    PAUSED = "paused"
+    CANCELED = "canceled"
+    COMPLETED = "completed"
+
+
+# The fields that define what a schedule does; each change to one of them is a new version.
+DEFINITION_FIELDS = (
+    "name",
+    "kind",
+    "cron",
+    "run_at",
+    "timezone",
+    "lane",
+    "flexible_window_seconds",
+    "priority",
+    "handler",
+    "payload",
+    "misfire_policy",
+    "max_lateness_seconds",
+    "catchup_limit",
+    "overlap_policy",
+    "max_attempts",
+)
+
+
+def shard_for(schedule_id: uuid.UUID) -> int:
+    """Logical shard of a schedule: uuid4 bits are uniform, so `id mod N` spreads schedules evenly."""
+    return schedule_id.int % settings.SCHEDULER_SHARDS
+
+
+class ScheduleQuerySet(models.QuerySet):
+    def for_tenant(self, tenant) -> ScheduleQuerySet:
+        """The one place where tenant isolation of the shared engine table is applied."""
+        return self.filter(tenant=tenant)
+
+    def counted_by_quota(self) -> ScheduleQuerySet:
+        return self.filter(state__in=[ScheduleState.ACTIVE, ScheduleState.PAUSED])
+
+
+class Schedule(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="schedules")
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    cron = models.CharField(max_length=200, null=True, blank=True)
+    run_at = models.DateTimeField(null=True, blank=True)
+    timezone = models.CharField(max_length=64, default="UTC")
+    lane = models.CharField(max_length=8, choices=Lane.choices, default=Lane.STRICT)
+    flexible_window_seconds = models.PositiveIntegerField(default=300)
+    priority = models.SmallIntegerField(default=0)
+    handler = models.CharField(max_length=100)
+    payload = models.JSONField(default=dict, blank=True)
+    misfire_policy = models.CharField(
+        max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.SKIP
+    )
+    max_lateness_seconds = models.PositiveIntegerField(default=60)
+    catchup_limit = models.PositiveIntegerField(default=10)
+    overlap_policy = models.CharField(
+        max_length=16, choices=OverlapPolicy.choices, default=OverlapPolicy.ALLOW
+    )
+    max_attempts = models.PositiveSmallIntegerField(default=5)
+
+    state = models.CharField(max_length=10, choices=ScheduleState.choices, default=ScheduleState.ACTIVE)
+    version = models.PositiveIntegerField(default=1)
+    # UTC cursor: the next fire not yet materialized; null when nothing is due (paused, canceled, completed).
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    shard = models.PositiveIntegerField(editable=False)
+
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # Hash of the create request body, so a retried key with a different body is recognised (409).
+    request_fingerprint = models.CharField(max_length=64, null=True, blank=True)
+    created_by = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ScheduleQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "id"]
+        indexes = [
+            # The materializer's scan: due rows of one shard in time order, active schedules only, so
+            # paused/canceled/completed rows (most of a large table over time) cost nothing to skip.
+            models.Index(
+                fields=["shard", "next_run_at"],
+                name="schedule_due_by_shard",
+                condition=Q(state="active", next_run_at__isnull=False),
+            ),
+            # Quota counts and the API list (newest first) of one tenant.
+            models.Index(fields=["tenant", "state"], name="schedule_tenant_state"),
+            models.Index(fields=["tenant", "-created_at"], name="schedule_tenant_created"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="schedule_unique_idempotency_key",
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100, priority__lte=100), name="schedule_priority_range"
+            ),
+            models.CheckConstraint(
+                condition=(Q(kind="cron", cron__isnull=False) | Q(kind="once", run_at__isnull=False)),
+                name="schedule_kind_has_time",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
+
+    def save(self, *args, **kwargs) -> None:
+        if self.shard is None:
+            self.shard = shard_for(self.id)
+        super().save(*args, **kwargs)
+
+    @property
+    def time_rule(self) -> TimeRule:
+        return TimeRule(kind=self.kind, timezone=self.timezone, cron=self.cron, run_at=self.run_at)
+
+    def definition(self) -> dict:
+        """JSON snapshot of the definition and state, as stored in ScheduleVersion."""
+        snapshot = {field: getattr(self, field) for field in DEFINITION_FIELDS}
+        snapshot["run_at"] = self.run_at.isoformat() if self.run_at else None
+        snapshot["state"] = self.state
+        return snapshot
+
+
+class VersionChange(models.TextChoices):
+    CREATE = "create"
+    UPDATE = "update"
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL = "cancel"
+
+
+class ScheduleVersion(models.Model):
+    """One immutable version of a schedule: what it was, from when to when, and who made it.
+
+    The reconciler recomputes expected fires from these rows and the time rules alone, so a version is never
+    edited after the fact: only `valid_to` is set, once, when the next version starts.
+    """
+
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="versions")
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    version = models.PositiveIntegerField()
+    change = models.CharField(max_length=10, choices=VersionChange.choices)
+    definition = models.JSONField()
+    valid_from = models.DateTimeField()
+    valid_to = models.DateTimeField(null=True, blank=True)
+    actor = models.CharField(max_length=200, help_text="Who made the change, e.g. 'tenant:acme/api'.")
+
+    class Meta:
+        ordering = ["schedule", "-version"]
+        constraints = [
+            models.UniqueConstraint(fields=["schedule", "version"], name="schedule_version_unique"),
+        ]
+        indexes = [models.Index(fields=["tenant", "valid_from"], name="schedule_version_tenant_from")]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} v{self.version} ({self.change})"

@@ -1,0 +1,364 @@
+"""The control plane's verbs: every change to a schedule goes through one of these functions.
+
+Each verb locks the schedule row, writes the new state and an immutable ScheduleVersion in one transaction,
+and withdraws unclaimed occurrences of older versions. `now` is PostgreSQL's clock unless a caller drives it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from dispatch import services as dispatch_services
+from dispatch.handlers import is_registered, registered_names
+from schedules.clock import db_now
+from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
+from schedules.models import (
+    DEFINITION_FIELDS,
+    Kind,
+    Lane,
+    MisfirePolicy,
+    OverlapPolicy,
+    Schedule,
+    ScheduleState,
+    ScheduleVersion,
+    VersionChange,
+    shard_for,
+)
+from schedules.timerules import TimeRule, TimeRuleError, normalize_cron, parse_timezone
+from tenants.models import Tenant
+
+logger = logging.getLogger(__name__)
+
+# Ranges of the numeric definition fields: (minimum, maximum). Named so the API, admin and docs agree.
+NUMERIC_RANGES: dict[str, tuple[int, int]] = {
+    "priority": (-100, 100),
+    "flexible_window_seconds": (1, 3600),
+    "max_lateness_seconds": (0, 7 * 24 * 3600),
+    "catchup_limit": (0, 1000),
+    "max_attempts": (1, 100),
+}
+DEFAULTS: dict[str, Any] = {
+    "cron": None,
+    "run_at": None,
+    "timezone": "UTC",
+    "lane": Lane.STRICT,
+    "flexible_window_seconds": 300,
+    "priority": 0,
+    "payload": {},
+    "misfire_policy": MisfirePolicy.SKIP,
+    "max_lateness_seconds": 60,
+    "catchup_limit": 10,
+    "overlap_policy": OverlapPolicy.ALLOW,
+    "max_attempts": 5,
+}
+REQUIRED_FIELDS = ("name", "kind", "handler")
+MAX_PREVIEW_COUNT = 100
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    schedule: Schedule
+    in_flight: list[dispatch_services.InFlight]
+
+
+# --- validation -------------------------------------------------------------------------------------------
+
+
+def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
+    """Check a complete definition (defaults applied) and return it normalised; raise ScheduleInvalid.
+
+    The API's serializers check types; this checks the rules, so the admin and commands get the same answers.
+    """
+    errors: dict[str, list[str]] = {}
+    definition = {**DEFAULTS, **data}
+
+    for field in REQUIRED_FIELDS:
+        if definition.get(field) in (None, ""):
+            errors.setdefault(field, []).append("This field is required.")
+
+    kind = definition.get("kind")
+    if kind not in (None, "") and kind not in Kind.values:
+        errors.setdefault("kind", []).append(f"Must be one of: {', '.join(Kind.values)}.")
+
+    try:
+        parse_timezone(definition["timezone"])
+    except TimeRuleError as exc:
+        errors.setdefault("timezone", []).append(exc.message)
+
+    if kind == Kind.CRON:
+        if definition.get("run_at") is not None:
+            errors.setdefault("run_at", []).append("Only schedules of kind 'once' take run_at.")
+        if not definition.get("cron"):
+            errors.setdefault("cron", []).append("Required for kind 'cron'.")
+        else:
+            try:
+                definition["cron"] = normalize_cron(definition["cron"])
+            except TimeRuleError as exc:
+                errors.setdefault("cron", []).append(exc.message)
+    elif kind == Kind.ONCE:
+        if definition.get("cron") not in (None, ""):
+            errors.setdefault("cron", []).append("Only schedules of kind 'cron' take cron.")
+        definition["cron"] = None
+        run_at = definition.get("run_at")
+        if run_at is None:
+            errors.setdefault("run_at", []).append("Required for kind 'once'.")
+        elif run_at.tzinfo is None:
+            errors.setdefault("run_at", []).append(
+                "Give an offset or 'Z' (ISO 8601), e.g. 2026-12-01T09:00:00Z."
+            )
+
+    handler = definition.get("handler")
+    if handler and not is_registered(handler):
+        errors.setdefault("handler", []).append(
+            f"Unknown handler {handler!r}. Registered: {', '.join(registered_names())}."
+        )
+
+    for field, choices in (
+        ("lane", Lane.values),
+        ("misfire_policy", MisfirePolicy.values),
+        ("overlap_policy", OverlapPolicy.values),
+    ):
+        if definition.get(field) not in choices:
+            errors.setdefault(field, []).append(f"Must be one of: {', '.join(choices)}.")
+
+    for field, (low, high) in NUMERIC_RANGES.items():
+        value = definition.get(field)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            errors.setdefault(field, []).append(f"Must be an integer from {low} to {high}.")
+
+    payload = definition.get("payload")
+    if not isinstance(payload, dict):
+        errors.setdefault("payload", []).append("Must be a JSON object.")
+    else:
+        size = len(json.dumps(payload, separators=(",", ":")).encode())
+        if size > settings.SCHEDULER_MAX_PAYLOAD_BYTES:
+            errors.setdefault("payload", []).append(
+                f"Is {size} bytes encoded; the limit is {settings.SCHEDULER_MAX_PAYLOAD_BYTES} bytes."
+            )
+
+    name = definition.get("name")
+    if isinstance(name, str) and len(name) > 200:
+        errors.setdefault("name", []).append("At most 200 characters.")
+
+    if errors:
+        raise ScheduleInvalid(errors)
+    return {field: definition[field] for field in DEFINITION_FIELDS}
+
+
+def fingerprint(body: dict[str, Any]) -> str:
+    """Stable hash of a request body: the same JSON object, in any key order, hashes the same."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# --- reading ----------------------------------------------------------------------------------------------
+
+
+def preview_fires(rule: TimeRule, *, after: datetime, count: int) -> list[datetime]:
+    """The next `count` fires strictly after `after` (UTC), for a saved or an unsaved definition."""
+    fires: list[datetime] = []
+    for fire in rule.iter_after(after):
+        fires.append(fire)
+        if len(fires) >= count:
+            break
+    return fires
+
+
+def _first_fire(rule: TimeRule, now: datetime) -> datetime | None:
+    """The cursor for a new or resumed schedule. A one-off keeps its run_at even when it is already past, so
+    the materializer applies the misfire policy to it rather than the fire vanishing unrecorded."""
+    if rule.kind == Kind.ONCE:
+        return rule.run_at
+    return rule.next_after(now)
+
+
+# --- writing ----------------------------------------------------------------------------------------------
+
+
+def _record_version(schedule: Schedule, change: str, actor: str, now: datetime) -> None:
+    ScheduleVersion.objects.filter(schedule=schedule, valid_to__isnull=True).update(valid_to=now)
+    ScheduleVersion.objects.create(
+        schedule=schedule,
+        tenant_id=schedule.tenant_id,
+        version=schedule.version,
+        change=change,
+        definition=schedule.definition(),
+        valid_from=now,
+        actor=actor,
+    )
+
+
+def _locked(schedule: Schedule) -> Schedule:
+    return Schedule.objects.select_for_update().get(pk=schedule.pk)
+
+
+def _bump(schedule: Schedule, change: str, actor: str, now: datetime) -> None:
+    """Save a new version and withdraw what older versions left unclaimed (ARCHITECTURE rule 9)."""
+    schedule.version += 1
+    schedule.save()
+    _record_version(schedule, change, actor, now)
+    dispatch_services.invalidate_unclaimed_occurrences(schedule.id, schedule.version, now)
+
+
+def create_schedule(
+    *,
+    tenant: Tenant,
+    data: dict[str, Any],
+    actor: str,
+    idempotency_key: str | None = None,
+    request_fingerprint: str | None = None,
+    now: datetime | None = None,
+) -> tuple[Schedule, bool]:
+    """Create a schedule; returns (schedule, created). A repeated Idempotency-Key returns the first schedule
+    when the body matches and raises StateConflict when it does not."""
+    definition = clean_definition(data)
+    body_hash = request_fingerprint or fingerprint(data)
+    if idempotency_key:
+        existing = _existing_for_key(tenant, idempotency_key, body_hash)
+        if existing is not None:
+            return existing, False
+    try:
+        with transaction.atomic():
+            now = now or db_now()
+            # The tenant row lock serialises creates of one tenant, so two racing requests cannot both pass
+            # the quota check with one slot left.
+            locked_tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+            held = Schedule.objects.for_tenant(locked_tenant).counted_by_quota().count()
+            if held >= locked_tenant.max_schedules:
+                raise QuotaExceeded(
+                    f"Tenant {locked_tenant.slug} holds {held} schedules, its quota is {locked_tenant.max_schedules}.",
+                    settings.SCHEDULER_QUOTA_RETRY_AFTER_SECONDS,
+                )
+            schedule = Schedule(tenant=locked_tenant, **definition)
+            schedule.shard = shard_for(schedule.id)
+            schedule.next_run_at = _first_fire(schedule.time_rule, now)
+            schedule.state = ScheduleState.ACTIVE
+            schedule.idempotency_key = idempotency_key or None
+            schedule.request_fingerprint = body_hash if idempotency_key else None
+            schedule.created_by = actor
+            schedule.save()
+            _record_version(schedule, VersionChange.CREATE, actor, now)
+    except IntegrityError:
+        # Two requests with one Idempotency-Key raced; the unique constraint let one win. Answer as a retry.
+        if idempotency_key:
+            existing = _existing_for_key(tenant, idempotency_key, body_hash)
+            if existing is not None:
+                return existing, False
+        raise
+    logger.info(
+        "created schedule %s for tenant %s", schedule.id, tenant.slug, extra={"action": "create_schedule"}
+    )
+    return schedule, True
+
+
+def _existing_for_key(tenant: Tenant, key: str, body_hash: str) -> Schedule | None:
+    existing = Schedule.objects.for_tenant(tenant).filter(idempotency_key=key).first()
+    if existing is not None and existing.request_fingerprint != body_hash:
+        raise StateConflict("This Idempotency-Key was already used with a different request body.")
+    return existing
+
+
+def update_schedule(
+    schedule: Schedule, changes: dict[str, Any], *, actor: str, now: datetime | None = None
+) -> Schedule:
+    """Apply a partial definition change as a new version; future fires follow it, older unclaimed ones go."""
+    with transaction.atomic():
+        now = now or db_now()
+        schedule = _locked(schedule)
+        if schedule.state == ScheduleState.CANCELED:
+            raise StateConflict("A canceled schedule cannot be changed.")
+        merged = {field: getattr(schedule, field) for field in DEFINITION_FIELDS}
+        merged.update(changes)
+        # Switching kind drops the time field of the old kind unless the caller set it explicitly.
+        if merged["kind"] == Kind.ONCE and "cron" not in changes:
+            merged["cron"] = None
+        if merged["kind"] == Kind.CRON and "run_at" not in changes:
+            merged["run_at"] = None
+        definition = clean_definition(merged)
+        for field, value in definition.items():
+            setattr(schedule, field, value)
+        if schedule.state in (ScheduleState.ACTIVE, ScheduleState.COMPLETED):
+            # A zone or expression change affects only fires after now, under the new version.
+            schedule.next_run_at = _next_fire_after_change(schedule.time_rule, now)
+            schedule.state = ScheduleState.ACTIVE if schedule.next_run_at else ScheduleState.COMPLETED
+        _bump(schedule, VersionChange.UPDATE, actor, now)
+    logger.info(
+        "updated schedule %s to v%d", schedule.id, schedule.version, extra={"action": "update_schedule"}
+    )
+    return schedule
+
+
+def _next_fire_after_change(rule: TimeRule, now: datetime) -> datetime | None:
+    if rule.kind == Kind.ONCE:
+        return rule.run_at if rule.run_at and rule.run_at > now else None
+    return rule.next_after(now)
+
+
+def pause_schedule(schedule: Schedule, *, actor: str, now: datetime | None = None) -> Schedule:
+    with transaction.atomic():
+        now = now or db_now()
+        schedule = _locked(schedule)
+        if schedule.state == ScheduleState.PAUSED:
+            return schedule
+        if schedule.state != ScheduleState.ACTIVE:
+            raise StateConflict(f"Only an active schedule can be paused; this one is {schedule.state}.")
+        schedule.state = ScheduleState.PAUSED
+        schedule.next_run_at = None
+        _bump(schedule, VersionChange.PAUSE, actor, now)
+    logger.info("paused schedule %s", schedule.id, extra={"action": "pause_schedule"})
+    return schedule
+
+
+def resume_schedule(schedule: Schedule, *, actor: str, now: datetime | None = None) -> Schedule:
+    """Resume from now: fires that fell in the pause are not caught up (the API contract)."""
+    with transaction.atomic():
+        now = now or db_now()
+        schedule = _locked(schedule)
+        if schedule.state == ScheduleState.ACTIVE:
+            return schedule
+        if schedule.state != ScheduleState.PAUSED:
+            raise StateConflict(f"Only a paused schedule can be resumed; this one is {schedule.state}.")
+        schedule.next_run_at = _next_fire_after_change(schedule.time_rule, now)
+        schedule.state = ScheduleState.ACTIVE if schedule.next_run_at else ScheduleState.COMPLETED
+        _bump(schedule, VersionChange.RESUME, actor, now)
+    logger.info("resumed schedule %s", schedule.id, extra={"action": "resume_schedule"})
+    return schedule
+
+
+def cancel_schedule(schedule: Schedule, *, actor: str, now: datetime | None = None) -> CancelResult:
+    """Soft cancel: the row and its history stay; unclaimed work is withdrawn; claimed work is reported."""
+    with transaction.atomic():
+        now = now or db_now()
+        schedule = _locked(schedule)
+        if schedule.state != ScheduleState.CANCELED:
+            schedule.state = ScheduleState.CANCELED
+            schedule.next_run_at = None
+            _bump(schedule, VersionChange.CANCEL, actor, now)
+            logger.info("canceled schedule %s", schedule.id, extra={"action": "cancel_schedule"})
+        in_flight = dispatch_services.in_flight_occurrences(schedule.id)
+    return CancelResult(schedule=schedule, in_flight=in_flight)
+
+
+def trigger_schedule(
+    schedule: Schedule, *, actor: str, trigger_key: str | None = None, now: datetime | None = None
+) -> uuid.UUID:
+    """A manual fire now under the current version; refused on a canceled schedule."""
+    with transaction.atomic():
+        now = now or db_now()
+        schedule = Schedule.objects.select_for_update().get(pk=schedule.pk)
+        if schedule.state == ScheduleState.CANCELED:
+            raise StateConflict("A canceled schedule cannot be triggered.")
+        occurrence_id = dispatch_services.trigger_manual_occurrence(
+            schedule, now=now, trigger_key=trigger_key
+        )
+    logger.info("%s triggered schedule %s", actor, schedule.id, extra={"action": "trigger_schedule"})
+    return occurrence_id

@@ -1,0 +1,72 @@
+"""Tenants (one PostgreSQL schema each for users and tokens) with their quotas, and the host names that select them."""
+
+from __future__ import annotations
+
+import re
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django_tenants.models import DomainMixin, TenantMixin
+
+PUBLIC_SLUG = "public"
+SLUG_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+
+
+def schema_name_for(slug: str) -> str:
+    """Schema of a tenant: a prefix keeps tenant schemas apart from `public` and PostgreSQL's own `pg_*`."""
+    return "t_" + slug.replace("-", "_")
+
+
+def validate_slug(slug: str) -> None:
+    if not SLUG_PATTERN.match(slug or ""):
+        raise ValidationError(
+            f"Invalid tenant slug {slug!r}: use 1-40 lowercase letters, digits or '-', starting with a letter."
+        )
+    if slug == PUBLIC_SLUG:
+        raise ValidationError("'public' is reserved for the platform itself.")
+
+
+class Tenant(TenantMixin):
+    """A customer of the platform. Quotas bound what one tenant can take from shared capacity."""
+
+    slug = models.SlugField(max_length=40, unique=True)
+    name = models.CharField(max_length=200)
+    max_schedules = models.PositiveIntegerField(
+        default=100_000, help_text="Active plus paused schedules this tenant may hold."
+    )
+    max_fires_per_second = models.PositiveIntegerField(
+        default=10_000, help_text="Dispatch rate above which this tenant's fires are throttled."
+    )
+    max_running = models.PositiveIntegerField(
+        default=1_000, help_text="Occurrences of this tenant that may run at once on the workers."
+    )
+    max_catchup_per_minute = models.PositiveIntegerField(
+        default=600, help_text="Catch-up fires per minute after an outage (misfire policy catch_up)."
+    )
+    fairness_weight = models.PositiveSmallIntegerField(
+        default=1, help_text="Relative share of dispatch capacity when tenants compete at the same instant."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    auto_create_schema = True
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def is_public(self) -> bool:
+        return self.schema_name == "public"
+
+
+class Domain(DomainMixin):
+    """A host name that selects a tenant (`acme.localhost`); the public host serves the operator console."""
+
+    class Meta:
+        ordering = ["domain"]
+
+    def __str__(self) -> str:
+        return self.domain

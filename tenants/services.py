@@ -1,0 +1,92 @@
+"""Provisioning of tenants: schema, host name, API user and token, created or reused idempotently."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django_tenants.utils import schema_context
+
+from tenants.models import Domain, Tenant, schema_name_for, validate_slug
+
+logger = logging.getLogger(__name__)
+
+API_USERNAME = "api"
+HOST_PATTERN = re.compile(
+    r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+)
+QUOTA_FIELDS = (
+    "max_schedules",
+    "max_fires_per_second",
+    "max_running",
+    "max_catchup_per_minute",
+    "fairness_weight",
+)
+
+
+@dataclass(frozen=True)
+class Provisioned:
+    tenant: Tenant
+    domain: str
+    token: str
+    created: bool
+
+
+def provision_tenant(slug: str, *, domain: str, name: str | None = None, **quotas: int | None) -> Provisioned:
+    """Create the tenant (schema, domain, API user, token) or reuse it; quotas given are applied either way."""
+    validate_slug(slug)
+    domain = domain.strip().lower()
+    if not HOST_PATTERN.match(domain):
+        raise ValidationError(f"Invalid domain {domain!r}: expected a host name such as 'acme.localhost'.")
+    for field, value in quotas.items():
+        if field not in QUOTA_FIELDS:
+            raise ValidationError(f"Unknown quota {field!r}.")
+        if value is not None and value < 1:
+            raise ValidationError(f"{field} must be at least 1, got {value}.")
+
+    owner = Domain.objects.select_related("tenant").filter(domain=domain).first()
+    if owner is not None and owner.tenant.slug != slug:
+        raise ValidationError(f"Domain {domain!r} already belongs to tenant {owner.tenant.slug!r}.")
+
+    tenant = Tenant.objects.filter(slug=slug).first()
+    created = tenant is None
+    if tenant is None:
+        # Creating the tenant creates and migrates its schema (django-tenants), outside our transaction.
+        tenant = Tenant(slug=slug, schema_name=schema_name_for(slug), name=name or slug)
+        for field, value in quotas.items():
+            if value is not None:
+                setattr(tenant, field, value)
+        tenant.save(verbosity=0)
+    else:
+        changed = [
+            field for field, value in quotas.items() if value is not None and getattr(tenant, field) != value
+        ]
+        for field in changed:
+            setattr(tenant, field, quotas[field])
+        if name and tenant.name != name:
+            tenant.name = name
+            changed.append("name")
+        if changed:
+            tenant.save(update_fields=[*changed, "updated_at"])
+
+    with transaction.atomic():
+        if owner is None:
+            is_primary = not Domain.objects.filter(tenant=tenant).exists()
+            Domain.objects.create(domain=domain, tenant=tenant, is_primary=is_primary)
+    token = ensure_api_token(tenant)
+    logger.info("provisioned tenant %s (created=%s)", slug, created, extra={"action": "provision_tenant"})
+    return Provisioned(tenant=tenant, domain=domain, token=token, created=created)
+
+
+def ensure_api_token(tenant: Tenant, username: str = API_USERNAME) -> str:
+    """The API user's token, in the tenant's own schema, so it authenticates nowhere else."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    with schema_context(tenant.schema_name):
+        user, _ = get_user_model().objects.get_or_create(username=username)
+        token, _ = Token.objects.get_or_create(user=user)
+        return token.key

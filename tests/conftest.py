@@ -1,0 +1,68 @@
+"""Shared fixtures: two tenant personas (acme and globex) with API clients bound to their own hosts."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from tenants.services import Provisioned, provision_tenant
+
+TENANT_A = ("acme", "acme.localhost")
+TENANT_B = ("globex", "globex.localhost")
+
+
+@pytest.fixture(scope="session")
+def tenants(django_db_setup, django_db_blocker) -> dict[str, Provisioned]:
+    """Created once per test database (schema creation is slow); tests roll back their own rows."""
+    with django_db_blocker.unblock():
+        provisioned = {
+            slug: provision_tenant(slug, domain=domain, name=slug.title())
+            for slug, domain in (TENANT_A, TENANT_B)
+        }
+        connection.set_schema_to_public()
+    return provisioned
+
+
+@pytest.fixture
+def tenant_a(tenants, db) -> Provisioned:
+    return tenants[TENANT_A[0]]
+
+
+@pytest.fixture
+def tenant_b(tenants, db) -> Provisioned:
+    return tenants[TENANT_B[0]]
+
+
+def api_client_for(provisioned: Provisioned, token: str | None = None) -> APIClient:
+    client = APIClient(HTTP_HOST=provisioned.domain)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token or provisioned.token}")
+    return client
+
+
+@pytest.fixture
+def api_a(tenant_a) -> APIClient:
+    return api_client_for(tenant_a)
+
+
+@pytest.fixture
+def api_b(tenant_b) -> APIClient:
+    return api_client_for(tenant_b)
+
+
+@pytest.fixture(autouse=True)
+def _public_schema_after_each_test():
+    """A request leaves the connection on its tenant's schema; later ORM use must start from public."""
+    yield
+    connection.set_schema_to_public()
+
+
+@pytest.fixture
+def cron_body() -> dict:
+    return {
+        "name": "nightly-report",
+        "kind": "cron",
+        "cron": "30 2 * * *",
+        "timezone": "America/New_York",
+        "handler": "noop",
+    }
