@@ -149,9 +149,7 @@ def _check_cron_text(expr: object) -> str:
     if not isinstance(expr, str):
         raise TimeRuleError("cron", "The cron expression must be a string such as '30 2 * * *'.")
     if len(expr) > MAX_CRON_LENGTH:
-        raise TimeRuleError(
-            "cron", f"The cron expression is too long (at most {MAX_CRON_LENGTH} characters)."
-        )
+        raise TimeRuleError("cron", f"The cron expression is too long (over {MAX_CRON_LENGTH} characters).")
     if not expr.strip():
         raise TimeRuleError("cron", f"The cron expression is empty. Use 5 fields: {_FIELDS_HINT}.")
     return expr
@@ -197,15 +195,16 @@ def _parse_field(token: str, spec: _FieldSpec) -> _Field:
 
 
 def _parse_element(element: str, token: str, spec: _FieldSpec) -> range:
+    where = f"In the {spec.name} field {token[:40]!r}"
     unsupported = _unsupported_syntax(element)
     if unsupported:
-        raise TimeRuleError("cron", f"In the {spec.name} field {token[:40]!r}: {unsupported}")
+        raise TimeRuleError("cron", f"{where}: {unsupported}")
     match = _ELEMENT_RE.fullmatch(element)
     if match is None:
         raise TimeRuleError(
             "cron",
-            f"In the {spec.name} field {token[:40]!r}: {element[:20]!r} is not valid. Use values "
-            f"{spec.hint()}, '*', ranges (a-b), steps (*/n or a-b/n) and lists (a,b).",
+            f"{where}: {element[:20]!r} is not valid. Use values {spec.hint()}, '*', ranges (a-b), "
+            "steps (*/n or a-b/n) and lists (a,b).",
         )
     star, first, last, step_text = match.groups()
     if star:
@@ -215,14 +214,14 @@ def _parse_element(element: str, token: str, spec: _FieldSpec) -> range:
         if last is None and step_text is not None:
             raise TimeRuleError(
                 "cron",
-                f"In the {spec.name} field {token!r}: a step needs '*' or a range before it, "
+                f"{where}: a step needs '*' or a range before it, "
                 f"e.g. '*/{step_text}' or '{first}-{spec.high}/{step_text}'.",
             )
         high = low if last is None else _parse_value(last, spec)
         if high < low:
             raise TimeRuleError(
                 "cron",
-                f"In the {spec.name} field {token!r}: the range {first}-{last} runs backwards; "
+                f"{where}: the range {first}-{last} runs backwards; "
                 "list the values instead (ranges do not wrap around).",
             )
     step = 1
@@ -230,9 +229,7 @@ def _parse_element(element: str, token: str, spec: _FieldSpec) -> range:
         step = int(step_text)
         span = spec.high - spec.low + 1
         if not 1 <= step <= span:
-            raise TimeRuleError(
-                "cron", f"In the {spec.name} field {token!r}: the step must be between 1 and {span}."
-            )
+            raise TimeRuleError("cron", f"{where}: the step must be between 1 and {span}.")
     return range(low, high + 1, step)
 
 
@@ -281,11 +278,8 @@ def _check_satisfiable(spec: _CronSpec) -> None:
         return
     if any(day <= _DAYS_IN_MONTH[month - 1] for month in spec.month.values for day in spec.dom.values):
         return
-    raise TimeRuleError(
-        "cron",
-        f"The expression never fires: day-of-month {spec.dom.text!r} "
-        f"never occurs in month {spec.month.text!r}.",
-    )
+    message = f"day-of-month {spec.dom.text!r} never occurs in month {spec.month.text!r}"
+    raise TimeRuleError("cron", f"The expression never fires: {message}.")
 
 
 @dataclass(frozen=True, eq=False)
@@ -340,13 +334,22 @@ def _iter_cron(plan: _Plan, after: datetime) -> Iterator[datetime]:
     dropped in step 3, which is the "fires once, at the first instant" rule.
     """
     walker = copy.copy(plan.template)
-    walker.set_current(after.astimezone(plan.zone).replace(tzinfo=None))
+    try:
+        start = after.astimezone(plan.zone).replace(tzinfo=None)
+    except OverflowError:
+        # Only at the edges of datetime's range (a user-supplied preview `after`); never a server error.
+        if after.year > 1:
+            return
+        start = datetime.min
+    walker.set_current(start)
     while True:
         try:
             wall = walker.get_next(datetime)
-        except (CroniterBadDateError, OverflowError):
-            return  # no date matches within croniter's 50-year search, or past datetime.max
-        instant = _to_instant(wall, plan.zone)
+            instant = _to_instant(wall, plan.zone)
+        except CroniterBadDateError:
+            return  # nothing matches within croniter's 50-year search
+        except (OverflowError, ValueError, OSError):
+            return  # the walk ran off the end of datetime's range (year 9999)
         if instant is not None and instant > after:
             yield instant
 
@@ -424,9 +427,7 @@ class TimeRule:
         if not isinstance(self.run_at, datetime):
             raise TimeRuleError("run_at", "run_at must be a date and time, e.g. '2026-12-01T07:30:00Z'.")
         if self.run_at.utcoffset() is None:
-            raise TimeRuleError(
-                "run_at", "run_at needs a UTC offset or 'Z', e.g. '2026-12-01T07:30:00Z'; it has none."
-            )
+            raise TimeRuleError("run_at", "run_at needs a UTC offset or 'Z', e.g. '2026-12-01T07:30:00Z'.")
         return self.run_at.astimezone(UTC)
 
 
@@ -503,9 +504,9 @@ def _describe_time(minute: _Field, hour: _Field) -> str | None:
 def _describe_days(spec: _CronSpec) -> str | None:
     dom, dow, month = spec.dom, spec.dow, spec.month
     months = sorted(month.values)
-    month_text = (
-        "" if month.full else " in " + _join_runs(months, lambda m: _MONTH_TITLES[m - 1], " through ")
-    )
+    month_text = ""
+    if not month.full:
+        month_text = " in " + _join_runs(months, lambda m: _MONTH_TITLES[m - 1], " through ")
     if spec.day_or and (dom.full or dow.full):
         return month_text.strip()
     dom_text = "" if dom.full else _describe_dom(sorted(dom.values))
