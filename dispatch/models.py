@@ -1,9 +1,15 @@
-"""Occurrence (one fire of a schedule), Attempt (one try at running it) and the transactional outbox."""
+"""Occurrence (one fire of a schedule), Attempt (one claim of it by a worker), the outbox of envelopes and the
+shard leases of the materializers.
+
+Occurrences and attempts arrive at about 200 M a day, so both tables are range-partitioned by day in
+PostgreSQL (see migration 0001 and dispatch/partitions.py): old days are dropped whole instead of being deleted
+row by row and vacuumed. Django sees ordinary models; the partitioned layout lives in the migration's SQL.
+"""
 
 from __future__ import annotations
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
-from django.db.models import Q
 
 
 class OccurrenceState(models.TextChoices):
@@ -38,21 +44,27 @@ class OccurrenceQuerySet(models.QuerySet):
 
 
 class Occurrence(models.Model):
+    """One fire. Its id is derived from (schedule, version, scheduled_for), so every path that creates the same
+    fire (materializer, failover, backfill) meets the same row. The database key is (occurrence_id,
+    scheduled_for) because a partitioned table's keys must contain the partition column."""
+
     occurrence_id = models.UUIDField(primary_key=True, editable=False)
-    schedule = models.ForeignKey("schedules.Schedule", on_delete=models.CASCADE, related_name="occurrences")
-    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    # No database foreign keys: they would cost an index probe per row at the top-of-hour insert, and
+    # schedules are never hard-deleted (cancel is soft).
+    schedule = models.ForeignKey(
+        "schedules.Schedule", on_delete=models.DO_NOTHING, db_constraint=False, related_name="occurrences"
+    )
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.DO_NOTHING, db_constraint=False, related_name="+")
     schedule_version = models.PositiveIntegerField()
     scheduled_for = models.DateTimeField()
     available_at = models.DateTimeField()
     lane = models.CharField(max_length=8)
     priority = models.SmallIntegerField(default=0)
-    manual = models.BooleanField(
-        default=False, help_text="Fired by POST .../trigger/, outside the cron rhythm."
-    )
-    state = models.CharField(
-        max_length=16, choices=OccurrenceState.choices, default=OccurrenceState.SCHEDULED
-    )
+    manual = models.BooleanField(default=False, help_text="Fired by POST .../trigger/, outside the cron rhythm.")
+    state = models.CharField(max_length=16, choices=OccurrenceState.choices, default=OccurrenceState.SCHEDULED)
+    # Doubles as the fencing generation: a claim increments it; completion must present the same number.
     attempt_count = models.PositiveSmallIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
     enqueued_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -61,18 +73,6 @@ class Occurrence(models.Model):
 
     class Meta:
         ordering = ["-scheduled_for"]
-        constraints = [
-            # The idempotency of materialization: two materializers during a lease hand-over leave one row.
-            models.UniqueConstraint(
-                fields=["schedule", "schedule_version", "scheduled_for"],
-                condition=Q(manual=False),
-                name="occurrence_unique_fire",
-            ),
-        ]
-        indexes = [
-            models.Index(fields=["schedule", "-scheduled_for"], name="occurrence_schedule_recent"),
-            models.Index(fields=["tenant", "state"], name="occurrence_tenant_state"),
-        ]
 
     def __str__(self) -> str:
         return f"{self.occurrence_id} {self.state}"
@@ -81,7 +81,12 @@ class Occurrence(models.Model):
 class Attempt(models.Model):
     """One claim of an occurrence by a worker. `generation` fences late completions of older claims."""
 
-    occurrence = models.ForeignKey(Occurrence, on_delete=models.CASCADE, related_name="attempts")
+    id = models.BigAutoField(primary_key=True)
+    occurrence = models.ForeignKey(
+        Occurrence, on_delete=models.DO_NOTHING, db_constraint=False, related_name="attempts"
+    )
+    # The occurrence's partition key, repeated so a day's attempts are dropped with that day's occurrences.
+    scheduled_for = models.DateTimeField()
     generation = models.PositiveIntegerField()
     worker = models.CharField(max_length=200, blank=True, default="")
     started_at = models.DateTimeField()
@@ -94,27 +99,68 @@ class Attempt(models.Model):
 
     class Meta:
         ordering = ["generation"]
-        constraints = [
-            models.UniqueConstraint(fields=["occurrence", "generation"], name="attempt_unique_generation"),
-        ]
 
     def __str__(self) -> str:
         return f"{self.occurrence_id} #{self.generation}"
 
 
 class OutboxMessage(models.Model):
-    """An occurrence waiting to be published. Written in the same transaction as the occurrence; deleted by the
-    relay only after the broker confirmed it (publish, then forget)."""
+    """One AMQP message waiting to be published: an envelope of up to SCHEDULER_ENVELOPE_SIZE occurrences of one
+    tenant, lane, instant and priority, its body serialised when the occurrences were materialized.
+
+    The relay publishes it with a broker confirm and then stamps `published_at`, one row per envelope rather than
+    one UPDATE per occurrence at the hot instant; settling copies that stamp onto the occurrences afterwards.
+    """
 
     id = models.BigAutoField(primary_key=True)
-    occurrence_id = models.UUIDField()
     tenant_id = models.BigIntegerField()
     queue = models.CharField(max_length=64)
     available_at = models.DateTimeField()
     priority = models.SmallIntegerField(default=0)
+    occurrence_ids = ArrayField(models.UUIDField())
+    scheduled_fors = ArrayField(models.DateTimeField())
+    body = models.BinaryField()
+    published_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        indexes = [models.Index(fields=["available_at", "-priority"], name="outbox_due")]
+        indexes = [
+            # The relay's scan: unpublished envelopes in (time, priority) order.
+            models.Index(
+                fields=["available_at", "-priority"],
+                name="outbox_due",
+                condition=models.Q(published_at__isnull=True),
+            ),
+            # The settler's scan: published envelopes whose stamp is not yet on their occurrences.
+            models.Index(
+                fields=["published_at"], name="outbox_published", condition=models.Q(published_at__isnull=False)
+            ),
+        ]
 
     def __str__(self) -> str:
-        return f"outbox {self.occurrence_id} at {self.available_at}"
+        return f"envelope {self.id} ({len(self.occurrence_ids)} occurrences at {self.available_at})"
+
+
+class ShardLease(models.Model):
+    """Which materializer owns a shard, until when. `generation` grows on every change of owner, so a batch
+    committed under an old generation is refused (fencing)."""
+
+    shard = models.PositiveIntegerField(primary_key=True)
+    owner = models.CharField(max_length=200, blank=True, default="")
+    generation = models.BigIntegerField(default=0)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"shard {self.shard} -> {self.owner or '-'} g{self.generation}"
+
+
+class ProcessHeartbeat(models.Model):
+    """A live materializer, relay or worker process; the fair share of shards counts the live materializers."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    role = models.CharField(max_length=20)
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.name}"

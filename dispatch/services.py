@@ -7,10 +7,11 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import transaction
+from django.db import connection, transaction
 
+from dispatch.envelopes import Fire, write_envelopes
 from dispatch.identity import manual_occurrence_id_for
-from dispatch.models import IN_FLIGHT_STATES, UNCLAIMED_STATES, Occurrence, OccurrenceState, OutboxMessage
+from dispatch.models import IN_FLIGHT_STATES, UNCLAIMED_STATES, Occurrence, OccurrenceState
 from dispatch.queues import queue_for_lane
 from schedules.errors import StateConflict
 
@@ -21,6 +22,20 @@ logger = logging.getLogger(__name__)
 class InFlight:
     occurrence_id: uuid.UUID
     state: str
+
+
+def enqueue_occurrence(occurrence: Occurrence, *, available_at: datetime) -> None:
+    """Put one occurrence in the outbox (its own envelope), in the caller's transaction."""
+    fire = Fire(
+        occurrence_id=occurrence.occurrence_id,
+        scheduled_for=occurrence.scheduled_for,
+        tenant_id=occurrence.tenant_id,
+        queue=queue_for_lane(occurrence.lane),
+        available_at=available_at,
+        priority=occurrence.priority,
+    )
+    with connection.cursor() as cursor:
+        write_envelopes(cursor, [fire])
 
 
 def invalidate_unclaimed_occurrences(schedule_id: uuid.UUID, below_version: int, now: datetime) -> int:
@@ -56,7 +71,7 @@ def trigger_manual_occurrence(schedule, *, now: datetime, trigger_key: str | Non
     key = trigger_key if trigger_key else now.isoformat()
     occurrence_id = manual_occurrence_id_for(schedule.id, schedule.version, key)
     with transaction.atomic():
-        _, created = Occurrence.objects.get_or_create(
+        occurrence, created = Occurrence.objects.get_or_create(
             occurrence_id=occurrence_id,
             defaults={
                 "schedule_id": schedule.id,
@@ -70,13 +85,7 @@ def trigger_manual_occurrence(schedule, *, now: datetime, trigger_key: str | Non
             },
         )
         if created:
-            OutboxMessage.objects.create(
-                occurrence_id=occurrence_id,
-                tenant_id=schedule.tenant_id,
-                queue=queue_for_lane(schedule.lane),
-                available_at=now,
-                priority=schedule.priority,
-            )
+            enqueue_occurrence(occurrence, available_at=now)
     logger.info(
         "manual trigger of schedule %s -> occurrence %s (new=%s)",
         schedule.id,
@@ -97,11 +106,5 @@ def replay_dead_occurrence(occurrence_id: uuid.UUID, *, now: datetime) -> None:
         Occurrence.objects.filter(occurrence_id=occurrence_id, state=OccurrenceState.DEAD).update(
             state=OccurrenceState.SCHEDULED, available_at=now, finished_at=None
         )
-        OutboxMessage.objects.create(
-            occurrence_id=occurrence_id,
-            tenant_id=occurrence.tenant_id,
-            queue=queue_for_lane(occurrence.lane),
-            available_at=now,
-            priority=occurrence.priority,
-        )
+        enqueue_occurrence(occurrence, available_at=now)
     logger.info("replayed dead occurrence %s", occurrence_id, extra={"action": "replay"})

@@ -32,6 +32,7 @@ SHARED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.postgres",
     "rest_framework",
     "django_filters",
     "drf_spectacular",
@@ -159,3 +160,13 @@ LOGGING = {
 
 # Hosts that serve the operator console, /metrics and /healthz (the public schema).
 SCHEDULER_PUBLIC_HOSTS = env_list("SCHEDULER_PUBLIC_HOSTS", ["localhost", "127.0.0.1"])
+
+# Occurrences per AMQP message (envelope). 100 keeps a message small (~6 KB) and a confirm amortised.
+SCHEDULER_ENVELOPE_SIZE = env_int("SCHEDULER_ENVELOPE_SIZE", 100, minimum=1, maximum=1000)
+# Schedules planned per materializer transaction: large enough to amortise round trips, small enough to keep
+# row locks short for API edits of the same schedules.
+SCHEDULER_MATERIALIZE_BATCH = env_int("SCHEDULER_MATERIALIZE_BATCH", 2000, minimum=1)
+# Shard lease length; renewed every third of it. A dead materializer's shards move after at most this long,
+# which the horizon must cover.
+SCHEDULER_LEASE_SECONDS = env_float("SCHEDULER_LEASE_SECONDS", 15.0, minimum=1.0)
+SCHEDULER_MATERIALIZE_IDLE_SECONDS = env_float("SCHEDULER_MATERIALIZE_IDLE_SECONDS", 1.0, minimum=0.01)

@@ -1,0 +1,23 @@
+"""`manage.py materialize [--once]`: the materializer loop (shard leases, bounded horizon)."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from dispatch.materializer import Materializer
+
+
+class Command(BaseCommand):
+    help = "Turn due schedules into occurrences and outbox envelopes; runs until SIGTERM/SIGINT."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--once", action="store_true", help="materialize what is due now, then exit")
+        parser.add_argument("--name", help="process name in leases (default: host-pid-random)")
+        parser.add_argument("--batch-size", type=int, help="schedules per transaction")
+
+    def handle(self, *args, **options) -> None:
+        if options["batch_size"] is not None and options["batch_size"] < 1:
+            from django.core.management.base import CommandError
+
+            raise CommandError("--batch-size must be at least 1")
+        Materializer(options["name"], batch_size=options["batch_size"]).run(once=options["once"])

@@ -1,0 +1,231 @@
+"""The materializer: turns due schedule cursors into occurrences and outbox envelopes, shard by shard.
+
+Each process leases a fair share of the logical shards and, per batch, in ONE transaction (ARCHITECTURE rule 3):
+1. confirms its leases (owner + generation) and holds them FOR SHARE until commit (fencing);
+2. locks the due schedules of those shards (next_run_at <= now + horizon), SKIP LOCKED;
+3. plans fires with the misfire policy and lanes (dispatch/planning.py);
+4. inserts the occurrences (conflicts ignored) and outbox envelopes for the new, enqueueable ones;
+5. advances each cursor only where version and old cursor still match; a fired one-off becomes completed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from dispatch import sql
+from dispatch.envelopes import Fire, write_envelopes
+from dispatch.loop import StopFlag, monotonic, run_loop
+from dispatch.models import OccurrenceState
+from dispatch.partitions import ensure_partitions
+from dispatch.planning import DueSchedule, Plan, plan_schedule
+from dispatch.queues import queue_for_lane
+from schedules.clock import db_now
+
+logger = logging.getLogger(__name__)
+
+ROLE = "materializer"
+
+
+def default_process_name(role: str) -> str:
+    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Materializer:
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        batch_size: int | None = None,
+        horizon_seconds: float | None = None,
+        lease_seconds: float | None = None,
+        shards: int | None = None,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.name = name or default_process_name(ROLE)
+        self.batch_size = batch_size or settings.SCHEDULER_MATERIALIZE_BATCH
+        self.horizon = timedelta(seconds=horizon_seconds or settings.SCHEDULER_HORIZON_SECONDS)
+        self.lease_seconds = lease_seconds or settings.SCHEDULER_LEASE_SECONDS
+        self.shards = shards or settings.SCHEDULER_SHARDS
+        self.clock = clock or db_now
+        self.leases: dict[int, int] = {}  # shard -> generation granted to us
+        self._next_maintenance = 0.0
+        self.stop = StopFlag()
+
+    # --- leases ------------------------------------------------------------------------------------------------
+
+    def maintain_leases(self) -> None:
+        """Heartbeat, renew what we hold, then converge on a fair share: ceil(shards / live materializers)."""
+        with connection.cursor() as cursor:
+            cursor.execute(sql.ENSURE_SHARD_ROWS, {"shards": self.shards})
+            cursor.execute(sql.HEARTBEAT, {"name": self.name, "role": ROLE})
+            cursor.execute(
+                sql.RENEW_LEASES,
+                {
+                    "owner": self.name,
+                    "ttl": self.lease_seconds,
+                    "shards": list(self.leases),
+                    "generations": list(self.leases.values()),
+                },
+            )
+            renewed = dict(cursor.fetchall())
+            lost = set(self.leases) - set(renewed)
+            if lost:
+                logger.warning("lost shard leases %s", sorted(lost), extra={"action": "lease_lost"})
+            self.leases = renewed
+            cursor.execute(sql.LIVE_PROCESSES, {"role": ROLE, "ttl": self.lease_seconds * 2})
+            live = max(1, cursor.fetchone()[0])
+            fair_share = math.ceil(self.shards / live)
+            if len(self.leases) > fair_share:
+                extra = sorted(self.leases)[fair_share:]
+                cursor.execute(sql.RELEASE_LEASES, {"owner": self.name, "shards": extra})
+                for shard in extra:
+                    self.leases.pop(shard, None)
+                logger.info("released %d shards to peers", len(extra), extra={"action": "lease_release"})
+            elif len(self.leases) < fair_share:
+                cursor.execute(
+                    sql.CLAIM_LEASES,
+                    {"owner": self.name, "ttl": self.lease_seconds, "limit": fair_share - len(self.leases)},
+                )
+                claimed = dict(cursor.fetchall())
+                if claimed:
+                    logger.info("claimed %d shards", len(claimed), extra={"action": "lease_claim"})
+                self.leases.update(claimed)
+        self._next_maintenance = monotonic() + self.lease_seconds / 3
+
+    def release_all(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(sql.RELEASE_LEASES, {"owner": self.name, "shards": list(self.leases)})
+            cursor.execute(sql.FORGET_PROCESS, {"name": self.name})
+        self.leases = {}
+
+    # --- batches -----------------------------------------------------------------------------------------------
+
+    def step(self, now: datetime | None = None) -> bool:
+        """One unit of work: maintenance when due, then one batch. True if the batch found due schedules."""
+        if monotonic() >= self._next_maintenance:
+            self.maintain_leases()
+        now = now or self.clock()
+        # Partition DDL happens outside the batch transaction: it locks the parent table briefly.
+        ensure_partitions(connection, (now - timedelta(days=1)).date(), (now + self.horizon + timedelta(days=2)).date())
+        return self.materialize_batch(now) > 0
+
+    def materialize_batch(self, now: datetime) -> int:
+        """Plan and write one batch; returns the number of schedules processed."""
+        if not self.leases:
+            return 0
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                sql.CONFIRM_LEASES,
+                {"owner": self.name, "shards": list(self.leases), "generations": list(self.leases.values())},
+            )
+            shards = [row[0] for row in cursor.fetchall()]
+            if not shards:
+                return 0
+            cursor.execute(
+                sql.SCAN_DUE_SCHEDULES,
+                {"shards": shards, "horizon_end": now + self.horizon, "limit": self.batch_size},
+            )
+            rows = cursor.fetchall()
+            if not rows:
+                return 0
+            plans = [plan_schedule(DueSchedule(*row), now=now, horizon=self.horizon) for row in rows]
+            new_ids = self._insert_occurrences(cursor, plans, now)
+            envelopes = self._insert_envelopes(cursor, plans, new_ids)
+            self._advance_cursors(cursor, plans)
+        missed = sum(1 for p in plans for o in p.occurrences if o.state == OccurrenceState.MISSED)
+        logger.info(
+            "materialized %d schedules: %d new occurrences (%d missed) in %d envelopes",
+            len(plans),
+            len(new_ids),
+            missed,
+            envelopes,
+            extra={"action": "materialize_batch"},
+        )
+        return len(plans)
+
+    @staticmethod
+    def _insert_occurrences(cursor, plans: list[Plan], now: datetime) -> set[uuid.UUID]:
+        columns: dict[str, list] = {
+            key: []
+            for key in (
+                "occurrence_ids",
+                "schedule_ids",
+                "tenant_ids",
+                "versions",
+                "scheduled_fors",
+                "available_ats",
+                "lanes",
+                "priorities",
+                "states",
+            )
+        }
+        for plan in plans:
+            s = plan.schedule
+            for occurrence in plan.occurrences:
+                columns["occurrence_ids"].append(occurrence.occurrence_id)
+                columns["schedule_ids"].append(s.id)
+                columns["tenant_ids"].append(s.tenant_id)
+                columns["versions"].append(s.version)
+                columns["scheduled_fors"].append(occurrence.scheduled_for)
+                columns["available_ats"].append(occurrence.available_at)
+                columns["lanes"].append(s.lane)
+                columns["priorities"].append(s.priority)
+                columns["states"].append(occurrence.state)
+        if not columns["occurrence_ids"]:
+            return set()
+        cursor.execute(sql.INSERT_OCCURRENCES, {**columns, "now": now})
+        return {row[0] for row in cursor.fetchall()}
+
+    @staticmethod
+    def _insert_envelopes(cursor, plans: list[Plan], new_ids: set[uuid.UUID]) -> int:
+        fires = [
+            Fire(
+                occurrence_id=o.occurrence_id,
+                scheduled_for=o.scheduled_for,
+                tenant_id=plan.schedule.tenant_id,
+                queue=queue_for_lane(plan.schedule.lane),
+                available_at=o.available_at,
+                priority=plan.schedule.priority,
+            )
+            for plan in plans
+            for o in plan.to_enqueue
+            if o.occurrence_id in new_ids
+        ]
+        return write_envelopes(cursor, fires)
+
+    @staticmethod
+    def _advance_cursors(cursor, plans: list[Plan]) -> None:
+        cursor.execute(
+            sql.ADVANCE_CURSORS,
+            {
+                "ids": [p.schedule.id for p in plans],
+                "versions": [p.schedule.version for p in plans],
+                "old_cursors": [p.schedule.next_run_at for p in plans],
+                "new_cursors": [p.new_cursor for p in plans],
+                "completed": [p.completed for p in plans],
+            },
+        )
+        if cursor.rowcount != len(plans):
+            # Cannot happen while the scan's row locks hold; if it does, the transaction's occurrences are still
+            # correct (deterministic ids) and the stale cursor is re-planned next batch to the same rows.
+            logger.error("advanced %d of %d cursors", cursor.rowcount, len(plans), extra={"action": "cursor_mismatch"})
+
+    # --- process -----------------------------------------------------------------------------------------------
+
+    def run(self, *, once: bool = False) -> None:
+        self.stop.install()
+        logger.info("materializer %s starting", self.name, extra={"action": "start"})
+        try:
+            run_loop(self.step, self.stop, idle_seconds=settings.SCHEDULER_MATERIALIZE_IDLE_SECONDS, once=once)
+        finally:
+            self.release_all()
+            logger.info("materializer %s stopped; leases released", self.name, extra={"action": "stop"})
