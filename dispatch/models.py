@@ -61,6 +61,9 @@ class Occurrence(models.Model):
     lane = models.CharField(max_length=8)
     priority = models.SmallIntegerField(default=0)
     manual = models.BooleanField(default=False, help_text="Fired by POST .../trigger/, outside the cron rhythm.")
+    # Set by backfill and replay: an operator asked for this very fire, so the worker runs it even when the
+    # schedule has moved to a newer version since (a canceled schedule still wins).
+    forced = models.BooleanField(default=False)
     state = models.CharField(max_length=16, choices=OccurrenceState.choices, default=OccurrenceState.SCHEDULED)
     # Doubles as the fencing generation: a claim increments it; completion must present the same number.
     attempt_count = models.PositiveSmallIntegerField(default=0)

@@ -14,6 +14,7 @@ from dispatch.identity import manual_occurrence_id_for
 from dispatch.models import IN_FLIGHT_STATES, UNCLAIMED_STATES, Occurrence, OccurrenceState
 from dispatch.queues import queue_for_lane
 from schedules.errors import StateConflict
+from schedules.models import Schedule, ScheduleState
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +104,10 @@ def replay_dead_occurrence(occurrence_id: uuid.UUID, *, now: datetime) -> None:
         if occurrence is None or occurrence.state != OccurrenceState.DEAD:
             state = occurrence.state if occurrence else "unknown"
             raise StateConflict(f"Only a dead occurrence can be replayed; this one is {state}.")
+        if Schedule.objects.filter(pk=occurrence.schedule_id, state=ScheduleState.CANCELED).exists():
+            raise StateConflict("The schedule of this occurrence is canceled; it would not run.")
         Occurrence.objects.filter(occurrence_id=occurrence_id, state=OccurrenceState.DEAD).update(
-            state=OccurrenceState.SCHEDULED, available_at=now, finished_at=None
+            state=OccurrenceState.SCHEDULED, available_at=now, finished_at=None, forced=True
         )
         enqueue_occurrence(occurrence, available_at=now)
     logger.info("replayed dead occurrence %s", occurrence_id, extra={"action": "replay"})

@@ -139,10 +139,16 @@ FOR UPDATE SKIP LOCKED
 
 # One row per envelope at the hot instant instead of one UPDATE per occurrence (ARCHITECTURE.md "Measured").
 MARK_PUBLISHED = """
-UPDATE dispatch_outboxmessage SET published_at = %(published_at)s WHERE id = ANY(%(ids)s::bigint[])
+UPDATE dispatch_outboxmessage AS m SET published_at = u.published_at
+FROM unnest(%(ids)s::bigint[], %(published_ats)s::timestamptz[]) AS u(id, published_at)
+WHERE m.id = u.id
 """
 
-NEXT_DUE_AT = "SELECT min(available_at) FROM dispatch_outboxmessage WHERE published_at IS NULL"
+# Seconds until the earliest unpublished envelope is due, on PostgreSQL's clock (negative: overdue).
+SECONDS_UNTIL_DUE = """
+SELECT EXTRACT(EPOCH FROM (min(available_at) - clock_timestamp()))
+FROM dispatch_outboxmessage WHERE published_at IS NULL
+"""
 
 DB_NOW = "SELECT clock_timestamp()"
 

@@ -170,3 +170,9 @@ SCHEDULER_MATERIALIZE_BATCH = env_int("SCHEDULER_MATERIALIZE_BATCH", 2000, minim
 # which the horizon must cover.
 SCHEDULER_LEASE_SECONDS = env_float("SCHEDULER_LEASE_SECONDS", 15.0, minimum=1.0)
 SCHEDULER_MATERIALIZE_IDLE_SECONDS = env_float("SCHEDULER_MATERIALIZE_IDLE_SECONDS", 1.0, minimum=0.01)
+# Envelopes the relay claims and keeps in flight per transaction (each holds up to SCHEDULER_ENVELOPE_SIZE).
+SCHEDULER_RELAY_BATCH = env_int("SCHEDULER_RELAY_BATCH", 500, minimum=1)
+# Published envelopes settled (stamp copied to occurrences) per step while nothing is due.
+SCHEDULER_SETTLE_BATCH = env_int("SCHEDULER_SETTLE_BATCH", 50, minimum=1)
+# Longest nap of an idle relay: new envelopes for "now" (manual triggers, retries) wait at most this long.
+SCHEDULER_RELAY_MAX_IDLE_SECONDS = env_float("SCHEDULER_RELAY_MAX_IDLE_SECONDS", 0.25, minimum=0.01)
