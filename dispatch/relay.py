@@ -131,7 +131,7 @@ class Relay:
 
     async def _publish(self, row: tuple) -> float:
         """Publish one envelope; resolves when the broker confirmed it, returning that monotonic instant."""
-        envelope_id, queue, priority, body, count = row
+        envelope_id, queue, _priority, body, count = row
         task_id = task_id_for(envelope_id)
         message = aio_pika.Message(
             bytes(body),

@@ -176,3 +176,6 @@ SCHEDULER_RELAY_BATCH = env_int("SCHEDULER_RELAY_BATCH", 500, minimum=1)
 SCHEDULER_SETTLE_BATCH = env_int("SCHEDULER_SETTLE_BATCH", 50, minimum=1)
 # Longest nap of an idle relay: new envelopes for "now" (manual triggers, retries) wait at most this long.
 SCHEDULER_RELAY_MAX_IDLE_SECONDS = env_float("SCHEDULER_RELAY_MAX_IDLE_SECONDS", 0.25, minimum=0.01)
+# Durable queues per lane (the workers consume both by default).
+SCHEDULER_STRICT_QUEUE = env_str("SCHEDULER_STRICT_QUEUE", "scheduler.strict")
+SCHEDULER_FLEXIBLE_QUEUE = env_str("SCHEDULER_FLEXIBLE_QUEUE", "scheduler.flexible")

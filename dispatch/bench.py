@@ -1,0 +1,476 @@
+"""The top-of-hour burst benchmark: N strict (or flexible) fires due at one instant, through the real processes.
+
+1. Provision T bench tenants and COPY N schedules (plus K idle ones) due at one minute boundary T0.
+2. Start M `materialize` and R `relay` processes (own queues, so no real work is touched).
+3. Wait until every fire's envelope is confirmed by the broker (or a deadline), showing progress.
+4. Measure lag = broker confirmation stamp - scheduled_for per occurrence, lost and duplicate fires, peak RSS.
+5. Clean up tenants, rows and queues, so it can run again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from kombu import Connection as BrokerConnection
+from tqdm import tqdm
+
+from schedules.clock import db_now
+from schedules.models import shard_for
+from tenants.models import Tenant
+from tenants.services import provision_tenant
+
+logger = logging.getLogger(__name__)
+
+BENCH_TENANT_PREFIX = "bench-"
+BENCH_STRICT_QUEUE = "bench.scheduler.strict"
+BENCH_FLEXIBLE_QUEUE = "bench.scheduler.flexible"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class BenchRefused(Exception):
+    """The benchmark would disturb real work; the message says what to do instead."""
+
+
+@dataclass
+class BurstConfig:
+    schedules: int
+    tenants: int = 1
+    lane: str = "strict"
+    materializers: int = 1
+    relays: int = 1
+    idle: int = 0
+    flexible_window_seconds: int = 300
+    deadline_seconds: float = 120.0
+    keep: bool = False
+
+
+@dataclass
+class BurstResult:
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def _rss_peak_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def _children_rss_peak_mb(pid: int) -> float | None:
+    """Peak RSS of a process and its children (a management command may fork); the largest one."""
+    peaks = [_rss_peak_mb(pid)]
+    try:
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            peaks.append(_rss_peak_mb(int(child)))
+    except OSError:
+        pass
+    known = [p for p in peaks if p is not None]
+    return max(known) if known else None
+
+
+class BurstBenchmark:
+    def __init__(self, config: BurstConfig, out=sys.stdout) -> None:
+        self.config = config
+        self.out = out
+        self.processes: list[tuple[str, subprocess.Popen]] = []
+        self.tenant_ids: list[int] = []
+
+    def say(self, message: str) -> None:
+        self.out.write(message + "\n")
+        self.out.flush()
+
+    # --- setup -------------------------------------------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        """Remove every bench tenant, its rows and the bench queues (also left-overs of an interrupted run)."""
+        bench = list(Tenant.objects.filter(slug__startswith=BENCH_TENANT_PREFIX))
+        ids = [t.id for t in bench]
+        if ids:
+            with connection.cursor() as cursor:
+                cursor.execute("DELETE FROM dispatch_outboxmessage WHERE tenant_id = ANY(%s)", [ids])
+                cursor.execute(
+                    "DELETE FROM dispatch_attempt WHERE occurrence_id IN"
+                    " (SELECT occurrence_id FROM dispatch_occurrence WHERE tenant_id = ANY(%s))",
+                    [ids],
+                )
+                cursor.execute("DELETE FROM dispatch_occurrence WHERE tenant_id = ANY(%s)", [ids])
+                cursor.execute("DELETE FROM schedules_scheduleversion WHERE tenant_id = ANY(%s)", [ids])
+                cursor.execute("DELETE FROM schedules_schedule WHERE tenant_id = ANY(%s)", [ids])
+            for tenant in bench:
+                tenant.delete(force_drop=True)
+        with BrokerConnection(settings.CELERY_BROKER_URL) as broker:
+            channel = broker.channel()
+            for queue in (BENCH_STRICT_QUEUE, BENCH_FLEXIBLE_QUEUE):
+                try:
+                    channel.queue_delete(queue)
+                except Exception:
+                    channel = broker.channel()
+
+    def check_quiet(self) -> None:
+        """Refuse to run where real work would be touched: the bench's materializer and relay process every
+        tenant, so other tenants' fires during the run would be published to the bench queues and dropped."""
+        horizon_end = db_now() + timedelta(seconds=600 + self.config.deadline_seconds)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT count(*) FROM schedules_schedule s JOIN tenants_tenant t ON t.id = s.tenant_id
+                WHERE s.state = 'active' AND s.next_run_at <= %s AND t.slug NOT LIKE %s
+                """,
+                [horizon_end, BENCH_TENANT_PREFIX + "%"],
+            )
+            due_elsewhere = cursor.fetchone()[0]
+            cursor.execute(
+                "SELECT count(*) FROM dispatch_processheartbeat"
+                " WHERE heartbeat_at > clock_timestamp() - interval '60 s' AND name NOT LIKE 'bench-%%'"
+            )
+            live = cursor.fetchone()[0]
+        if due_elsewhere or live:
+            raise BenchRefused(
+                f"bench burst needs a quiet database: {due_elsewhere} active schedules of other tenants fall due "
+                f"during the run and {live} platform processes are live. Run it against a database of its own "
+                "(DATABASE_URL=... manage.py migrate, then the bench), or stop the processes and pause those schedules."
+            )
+
+    def provision(self) -> list[Tenant]:
+        tenants = []
+        for n in range(self.config.tenants):
+            slug = f"{BENCH_TENANT_PREFIX}{n + 1}"
+            provisioned = provision_tenant(slug, domain=f"{slug}.localhost", max_schedules=10**9)
+            tenants.append(provisioned.tenant)
+        self.tenant_ids = [t.id for t in tenants]
+        return tenants
+
+    def choose_t0(self) -> datetime:
+        """The next minute boundary far enough ahead to create and materialize everything before it."""
+        lead = 20 + self.config.schedules / 10000 + self.config.idle / 50000
+        earliest = db_now() + timedelta(seconds=lead)
+        return (earliest + timedelta(minutes=1)).replace(second=0, microsecond=0)
+
+    def copy_schedules(self, tenants: list[Tenant], t0: datetime) -> None:
+        """COPY due and idle schedules with their first version: N API calls would take an hour."""
+        cron_due = f"{t0.minute} {t0.hour} * * *"
+        idle_at = t0 + timedelta(days=180)
+        cron_idle = f"{idle_at.minute} {idle_at.hour} {idle_at.day} {idle_at.month} *"
+        now = db_now()
+        definition_fields = "id, tenant_id, name, kind, cron, run_at, timezone, lane, flexible_window_seconds, priority, handler, payload, misfire_policy, max_lateness_seconds, catchup_limit, overlap_policy, max_attempts, state, version, next_run_at, shard, idempotency_key, request_fingerprint, created_by, created_at, updated_at"  # noqa: E501
+        total = self.config.schedules + self.config.idle
+        with (
+            connection.cursor() as wrapper,
+            tqdm(total=total, desc="create schedules", unit="sch", file=self.out, mininterval=2) as bar,
+        ):
+            cursor = wrapper.cursor
+            with cursor.copy(f"COPY schedules_schedule ({definition_fields}) FROM STDIN") as copy:
+                for n in range(total):
+                    due = n < self.config.schedules
+                    schedule_id = uuid.uuid4()
+                    tenant = tenants[n % len(tenants)]
+                    copy.write_row(
+                        (
+                            schedule_id,
+                            tenant.id,
+                            f"bench-{n}",
+                            "cron",
+                            cron_due if due else cron_idle,
+                            None,
+                            "UTC",
+                            self.config.lane if due else "strict",
+                            self.config.flexible_window_seconds,
+                            0,
+                            "noop",
+                            "{}",
+                            "skip",
+                            60,
+                            10,
+                            "allow",
+                            5,
+                            "active",
+                            1,
+                            t0 if due else idle_at,
+                            shard_for(schedule_id),
+                            None,
+                            None,
+                            "bench",
+                            now,
+                            now,
+                        )
+                    )
+                    if n % 10000 == 0:
+                        bar.update(min(10000, total - bar.n))
+                bar.update(total - bar.n)
+            cursor.execute(
+                """
+                INSERT INTO schedules_scheduleversion (schedule_id, tenant_id, version, change, definition, valid_from,
+                                                       actor)
+                SELECT id, tenant_id, 1, 'create',
+                       jsonb_build_object('name', name, 'kind', kind, 'cron', cron, 'run_at', NULL,
+                                          'timezone', timezone, 'lane', lane, 'state', state, 'handler', handler),
+                       %s, 'bench'
+                FROM schedules_schedule WHERE tenant_id = ANY(%s)
+                """,
+                [now, self.tenant_ids],
+            )
+            cursor.execute("ANALYZE schedules_schedule")
+
+    # --- processes ---------------------------------------------------------------------------------------------
+
+    def process_env(self, horizon: float) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "SCHEDULER_STRICT_QUEUE": BENCH_STRICT_QUEUE,
+                "SCHEDULER_FLEXIBLE_QUEUE": BENCH_FLEXIBLE_QUEUE,
+                "SCHEDULER_HORIZON_SECONDS": str(horizon),
+                "SCHEDULER_LOG_LEVEL": "WARNING",
+                "DATABASE_URL": _database_url(),
+            }
+        )
+        return env
+
+    def start_processes(self, horizon: float) -> None:
+        env = self.process_env(horizon)
+        manage = [sys.executable, str(PROJECT_ROOT / "manage.py")]
+        for n in range(self.config.materializers):
+            self.processes.append(
+                (
+                    f"materializer-{n + 1}",
+                    subprocess.Popen(
+                        [*manage, "materialize", "--name", f"bench-materializer-{n + 1}"], env=env, cwd=PROJECT_ROOT
+                    ),
+                )
+            )
+        for n in range(self.config.relays):
+            self.processes.append(
+                (
+                    f"relay-{n + 1}",
+                    subprocess.Popen([*manage, "relay", "--name", f"bench-relay-{n + 1}"], env=env, cwd=PROJECT_ROOT),
+                )
+            )
+
+    def stop_processes(self) -> dict[str, float | None]:
+        peaks = {name: _children_rss_peak_mb(proc.pid) for name, proc in self.processes}
+        for _, proc in self.processes:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc in self.processes:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        return peaks
+
+    # --- measurement -------------------------------------------------------------------------------------------
+
+    def counts(self) -> tuple[int, int]:
+        """(occurrences materialized, occurrences confirmed by the broker) for the bench tenants."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT
+                  (SELECT count(*) FROM dispatch_occurrence WHERE tenant_id = ANY(%(t)s)),
+                  (SELECT coalesce(sum(cardinality(occurrence_ids)), 0) FROM dispatch_outboxmessage
+                     WHERE tenant_id = ANY(%(t)s) AND published_at IS NOT NULL)
+                  + (SELECT count(*) FROM dispatch_occurrence WHERE tenant_id = ANY(%(t)s) AND enqueued_at IS NOT NULL)
+                """,
+                {"t": self.tenant_ids},
+            )
+            return cursor.fetchone()
+
+    def lag_stats(self, reference: str) -> dict[str, float | int]:
+        """Percentiles of confirmation stamp minus `reference` (scheduled_for or available_at) per occurrence,
+        from unsettled envelopes and settled occurrences alike: the durable broker-confirmation record."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                WITH lags AS (
+                    SELECT EXTRACT(EPOCH FROM (o.enqueued_at - o.{reference})) AS lag
+                    FROM dispatch_occurrence o
+                    WHERE o.tenant_id = ANY(%(t)s) AND o.enqueued_at IS NOT NULL
+                    UNION ALL
+                    SELECT EXTRACT(EPOCH FROM (m.published_at - o.{reference}))
+                    FROM dispatch_outboxmessage m
+                    CROSS JOIN LATERAL unnest(m.occurrence_ids, m.scheduled_fors) AS u(id, sf)
+                    JOIN dispatch_occurrence o ON o.occurrence_id = u.id AND o.scheduled_for = u.sf
+                    WHERE m.tenant_id = ANY(%(t)s) AND m.published_at IS NOT NULL AND o.enqueued_at IS NULL
+                )
+                SELECT count(*),
+                       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
+                       percentile_cont(0.95) WITHIN GROUP (ORDER BY lag),
+                       percentile_cont(0.99) WITHIN GROUP (ORDER BY lag),
+                       max(lag), min(lag)
+                FROM lags
+                """,
+                {"t": self.tenant_ids},
+            )
+            count, p50, p95, p99, lag_max, lag_min = cursor.fetchone()
+        return {
+            "enqueued": int(count),
+            "lag_p50_s": round(float(p50 or 0), 3),
+            "lag_p95_s": round(float(p95 or 0), 3),
+            "lag_p99_s": round(float(p99 or 0), 3),
+            "lag_max_s": round(float(lag_max or 0), 3),
+            "lag_min_s": round(float(lag_min or 0), 3),
+        }
+
+    def duplicate_count(self) -> int:
+        """Fires that got more than one occurrence row (must be 0: the unique key forbids it)."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT count(*) FROM (
+                    SELECT schedule_id, scheduled_for FROM dispatch_occurrence
+                    WHERE tenant_id = ANY(%s) GROUP BY 1, 2 HAVING count(*) > 1) AS d
+                """,
+                [self.tenant_ids],
+            )
+            return cursor.fetchone()[0]
+
+    def audit_queues(self) -> dict[str, int]:
+        """Read back every message from the bench queues: the broker's own account of what arrived.
+
+        Returns messages, distinct envelopes, duplicate messages and distinct occurrences found on the queues.
+        """
+        messages, envelopes, occurrences = 0, set(), set()
+        with BrokerConnection(settings.CELERY_BROKER_URL) as broker:
+            for queue in (BENCH_STRICT_QUEUE, BENCH_FLEXIBLE_QUEUE):
+                simple = broker.SimpleQueue(queue, no_ack=True)
+                try:
+                    while True:
+                        try:
+                            message = simple.get(block=False)
+                        except simple.Empty:
+                            break
+                        messages += 1
+                        envelopes.add(message.headers.get("id"))
+                        args = json.loads(message.body)[0]
+                        occurrences.update(pair[0] for pair in args[0]["occurrences"])
+                finally:
+                    simple.close()
+        return {
+            "messages": messages,
+            "envelopes": len(envelopes),
+            "duplicate_messages": messages - len(envelopes),
+            "occurrences": len(occurrences),
+        }
+
+    # --- run ---------------------------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        config = self.config
+        self.say(
+            f"bench burst: {config.schedules} {config.lane} schedules, {config.tenants} tenants, "
+            f"{config.idle} idle, {config.materializers} materializers, {config.relays} relays"
+        )
+        self.check_quiet()
+        self.cleanup()
+        started = time.monotonic()
+        tenants = self.provision()
+        t0 = self.choose_t0()
+        self.copy_schedules(tenants, t0)
+        setup_s = time.monotonic() - started
+        # The horizon reaches T0 from the start, so materialization begins at once and is long done by T0.
+        horizon = (t0 - db_now()).total_seconds() + 30
+        self.say(f"T0 = {t0.isoformat()} (in {(t0 - db_now()).total_seconds():.0f} s); setup took {setup_s:.1f} s")
+        self.start_processes(horizon)
+        peaks: dict[str, float | None] = {}
+        try:
+            materialized_at = self._wait_materialized(t0)
+            confirmed = self._wait_confirmed(t0)
+            if config.lane == "flexible":
+                time.sleep(1)
+        finally:
+            peaks = self.stop_processes()
+        stats = self.lag_stats("scheduled_for")
+        audit = self.audit_queues()
+        result: dict[str, Any] = {
+            "schedules": config.schedules,
+            "tenants": config.tenants,
+            "lane": config.lane,
+            "idle": config.idle,
+            "materializers": config.materializers,
+            "relays": config.relays,
+            **stats,
+            "lost": config.schedules - stats["enqueued"],
+            "lost_on_broker": config.schedules - audit["occurrences"],
+            "duplicates": self.duplicate_count() + audit["duplicate_messages"],
+            "broker_messages": audit["messages"],
+            "dispatch_per_s": round(stats["enqueued"] / max(stats["lag_max_s"], 1e-3), 1),
+            "materialized_before_t0_s": materialized_at,
+            "confirmed": confirmed,
+            "peak_rss_mb": peaks,
+            "envelope_size": settings.SCHEDULER_ENVELOPE_SIZE,
+            "cpu_count": os.cpu_count(),
+        }
+        if config.lane == "flexible":
+            flex = self.lag_stats("available_at")
+            result["lag_vs_available_p99_s"] = flex["lag_p99_s"]
+            result["lag_vs_available_max_s"] = flex["lag_max_s"]
+        if not config.keep:
+            self.cleanup()
+        return result
+
+    def _wait_materialized(self, t0: datetime) -> float | None:
+        """Wait until every fire has its occurrence; returns how many seconds before T0 that was."""
+        total = self.config.schedules
+        with tqdm(total=total, desc="materialize", unit="occ", file=self.out, mininterval=2) as bar:
+            while True:
+                materialized, _ = self.counts()
+                bar.update(materialized - bar.n)
+                if materialized >= total:
+                    return round((t0 - db_now()).total_seconds(), 1)
+                if db_now() > t0 + timedelta(seconds=self.config.deadline_seconds):
+                    return None
+                self._check_alive()
+                time.sleep(0.5)
+
+    def _wait_confirmed(self, t0: datetime) -> int:
+        total = self.config.schedules
+        deadline = t0 + timedelta(
+            seconds=self.config.deadline_seconds
+            + self.config.flexible_window_seconds * (self.config.lane == "flexible")
+        )
+        with tqdm(total=total, desc="confirmed by broker", unit="occ", file=self.out, mininterval=2) as bar:
+            while True:
+                _, confirmed = self.counts()
+                bar.update(confirmed - bar.n)
+                if confirmed >= total or db_now() > deadline:
+                    return confirmed
+                self._check_alive()
+                time.sleep(0.25)
+
+    def _check_alive(self) -> None:
+        for name, proc in self.processes:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode}")
+
+
+def _database_url() -> str:
+    params = connection.settings_dict
+    user = params.get("USER") or "postgres"
+    password = f":{params['PASSWORD']}" if params.get("PASSWORD") else ""
+    host = params.get("HOST") or "127.0.0.1"
+    port = params.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{params['NAME']}"
+
+
+def result_line(result: dict[str, Any]) -> str:
+    return json.dumps(result, default=str, sort_keys=False)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
