@@ -125,6 +125,8 @@ class Schedule(models.Model):
             # Quota counts and the API list (newest first) of one tenant.
             models.Index(fields=["tenant", "state"], name="schedule_tenant_state"),
             models.Index(fields=["tenant", "-created_at"], name="schedule_tenant_created"),
+            # The operator console's unfiltered list (newest first) over every tenant.
+            models.Index(fields=["-created_at", "id"], name="schedule_created_desc"),
         ]
         constraints = [
             models.UniqueConstraint(
