@@ -5,7 +5,7 @@ import os
 os.environ.setdefault("SCHEDULER_STRICT_QUEUE", "test.scheduler.strict")
 os.environ.setdefault("SCHEDULER_FLEXIBLE_QUEUE", "test.scheduler.flexible")
 
-from scheduler_project.settings import *  # noqa: E402, F403
+from scheduler_project.settings import *  # noqa: F403
 
 # Fast hashing: tests create users, and the default hasher's deliberate slowness buys nothing here.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

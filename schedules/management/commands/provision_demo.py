@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from datetime import timedelta
 from typing import Any
@@ -87,13 +88,14 @@ class Command(BaseCommand):
             )
             created += was_created
         password = os.environ.get("DEMO_OPERATOR_PASSWORD", "scheduler-demo")
-        call_command("ensure_operator", username=OPERATOR_USERNAME, password=password, stdout=open(os.devnull, "w"))
+        call_command("ensure_operator", username=OPERATOR_USERNAME, password=password, stdout=io.StringIO())
 
         base = f"http://{DEMO_DOMAIN}:{port}"
         lines = [
             "",
             "Scheduler demo is ready.",
-            f"  Operator console : http://localhost:{port}/admin/   (user {OPERATOR_USERNAME!r}, password {password!r})",
+            f"  Operator console : http://localhost:{port}/admin/",
+            f"  Operator login   : user {OPERATOR_USERNAME!r}, password {password!r}",
             f"  Metrics / health : http://localhost:{port}/metrics   http://localhost:{port}/healthz",
             f"  Tenant API       : {base}/api/v1/schedules/   ({created} schedules created now)",
             f"  API docs         : {base}/api/v1/docs/",
