@@ -154,11 +154,11 @@ def spread(count: int, per_minute: int) -> list[timedelta]:
     return [timedelta(seconds=math.floor(i * interval * 1000) / 1000) for i in range(count)]
 
 
-def write_envelopes(cursor, fires: list[Fire]) -> int:
+def write_envelopes(cursor, fires: list[Fire], size: int | None = None) -> int:
     """Pack fires into envelopes and insert them into the outbox, in the caller's transaction."""
     from dispatch import sql
 
-    envelopes = pack(fires)
+    envelopes = pack(fires, size)
     if envelopes:
         cursor.executemany(
             sql.INSERT_OUTBOX,
