@@ -136,13 +136,19 @@ class BurstBenchmark:
             )
             due_elsewhere = cursor.fetchone()[0]
             cursor.execute(
+                "SELECT count(*) FROM dispatch_outboxmessage m JOIN tenants_tenant t ON t.id = m.tenant_id"
+                " WHERE m.published_at IS NULL AND t.slug NOT LIKE %s",
+                [BENCH_TENANT_PREFIX + "%"],
+            )
+            due_elsewhere += cursor.fetchone()[0]
+            cursor.execute(
                 "SELECT count(*) FROM dispatch_processheartbeat"
                 " WHERE heartbeat_at > clock_timestamp() - interval '60 s' AND name NOT LIKE 'bench-%%'"
             )
             live = cursor.fetchone()[0]
         if due_elsewhere or live:
             raise BenchRefused(
-                f"bench burst needs a quiet database: {due_elsewhere} active schedules of other tenants fall due "
+                f"bench burst needs a quiet database: {due_elsewhere} schedules or envelopes of other tenants fall due "
                 f"during the run and {live} platform processes are live. Run it against a database of its own "
                 "(DATABASE_URL=... manage.py migrate, then the bench), or stop the processes and pause those schedules."
             )

@@ -23,6 +23,7 @@ from typing import Any
 from django.conf import settings
 
 from dispatch.identity import utc_key
+from dispatch.queues import FLEXIBLE_QUEUE
 
 RUN_ENVELOPE_TASK = "dispatch.run_envelope"
 BODY_VERSION = 1
@@ -73,7 +74,9 @@ def pack(fires: list[Fire], size: int | None = None) -> list[Envelope]:
     size = size or settings.SCHEDULER_ENVELOPE_SIZE
     groups: dict[tuple[int, str, datetime, int], list[Fire]] = defaultdict(list)
     for fire in fires:
-        groups[(fire.tenant_id, fire.queue, _release_instant(fire.available_at), fire.priority)].append(fire)
+        # Only the flexible lane is rounded: strict fires (and manual ones) leave at their exact instant.
+        release_at = _release_instant(fire.available_at) if fire.queue == FLEXIBLE_QUEUE else fire.available_at
+        groups[(fire.tenant_id, fire.queue, release_at, fire.priority)].append(fire)
     envelopes = []
     for (tenant_id, queue, release_at, priority), members in groups.items():
         for start in range(0, len(members), size):

@@ -27,6 +27,7 @@ from dispatch.envelopes import message_headers, task_id_for
 from dispatch.loop import StopFlag
 from dispatch.materializer import default_process_name
 from dispatch.queues import ALL_QUEUES
+from dispatch.timer import Claimed, PriorityTimer
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class RelayStats:
     published_occurrences: int = 0
     failed_publishes: int = 0
     settled_envelopes: int = 0
+    withdrawn_envelopes: int = 0
 
 
 class Relay:
@@ -69,6 +71,8 @@ class Relay:
         self.broker_url = broker_url or settings.CELERY_BROKER_URL
         self.conninfo = conninfo or database_conninfo()
         self.max_idle = settings.SCHEDULER_RELAY_MAX_IDLE_SECONDS
+        self.stage_seconds = settings.SCHEDULER_RELAY_STAGE_SECONDS
+        self._invalidation_mark: int | None = None
         self.stop = StopFlag()
         self.stats = RelayStats()
         self._db: psycopg.AsyncConnection | None = None
@@ -81,6 +85,9 @@ class Relay:
         self._db = await psycopg.AsyncConnection.connect(self.conninfo, application_name=self.name)
         self._broker = await aio_pika.connect_robust(self.broker_url, client_properties={"connection_name": self.name})
         self._channel = await self._broker.channel(publisher_confirms=True)
+        mark = await (await self._db.execute(sql.INVALIDATION_MARK)).fetchone()
+        await self._db.commit()
+        self._invalidation_mark = mark[0]
         for queue in ALL_QUEUES:
             # Plain durable classic queues, declared exactly as the Celery workers declare them.
             await self._channel.declare_queue(queue, durable=True)
@@ -100,38 +107,88 @@ class Relay:
         return await self.settle() > 0
 
     async def publish_due(self) -> int:
-        """Claim a batch of due envelopes, publish them concurrently, stamp the confirmed ones; returns count."""
+        """Claim envelopes due within the staging lead, release each at its instant, stamp the confirmed ones.
+
+        1. Lock the envelopes due within `stage_seconds` (SKIP LOCKED) and stage them in a PriorityTimer keyed by
+           (available_at, -priority, sequence), mapped onto the monotonic clock through one reading of
+           PostgreSQL's clock.
+        2. At each instant, take every due entry in that order and publish them concurrently (confirms in
+           flight together); nothing is published before its available_at.
+        3. Before each release, if the invalidation mark moved, drop staged envelopes whose occurrences were all
+           withdrawn meanwhile. Stamp the confirmed envelopes and commit; the locks end with the transaction.
+        """
         assert self._db is not None and self._channel is not None
         async with self._db.transaction():
-            cursor = await self._db.execute(sql.CLAIM_DUE_ENVELOPES, {"lead": 0, "limit": self.batch_size})
-            rows = await cursor.fetchall()
+            cursor = await self._db.execute(
+                sql.CLAIM_DUE_ENVELOPES, {"lead": self.stage_seconds, "limit": self.batch_size}
+            )
+            rows = {row[0]: row for row in await cursor.fetchall()}
             if not rows:
                 return 0
-            # Confirmation instants on PostgreSQL's clock: one reading of it, advanced by the monotonic clock.
             anchor_db = (await (await self._db.execute(sql.DB_NOW)).fetchone())[0]
             anchor_mono = time.monotonic()
-            results = await asyncio.gather(*(self._publish(row) for row in rows), return_exceptions=True)
+            timer = PriorityTimer(workers=1)
+            for envelope_id, row in rows.items():
+                release_at = anchor_mono + (row[5] - anchor_db).total_seconds()
+                timer.schedule(envelope_id, release_at, row[2], _published_by_relay)
             ids, stamps, occurrences = [], [], 0
-            for row, result in zip(rows, results, strict=True):
-                if isinstance(result, BaseException):
-                    self.stats.failed_publishes += 1
-                    logger.warning(
-                        "publish of envelope %s failed: %r", row[0], result, extra={"action": "publish_failed"}
+            while True:
+                due: list[Claimed] = []
+                wait = timer.next()
+                while isinstance(wait, Claimed):
+                    due.append(wait)
+                    wait = timer.next()
+                if due:
+                    await self._drop_withdrawn(timer, due)
+                    live = [claim for claim in due if timer.state(claim.task_id) == "running"]
+                    results = await asyncio.gather(
+                        *(self._publish(rows[claim.task_id]) for claim in live), return_exceptions=True
                     )
+                    for claim, result in zip(live, results, strict=True):
+                        timer.complete(claim, ok=not isinstance(result, BaseException))
+                        if isinstance(result, BaseException):
+                            self.stats.failed_publishes += 1
+                            logger.warning(
+                                "publish of envelope %s failed: %r",
+                                claim.task_id,
+                                result,
+                                extra={"action": "publish_failed"},
+                            )
+                            continue
+                        ids.append(claim.task_id)
+                        stamps.append(anchor_db + timedelta(seconds=result - anchor_mono))
+                        occurrences += rows[claim.task_id][4]
                     continue
-                ids.append(row[0])
-                stamps.append(anchor_db + timedelta(seconds=result - anchor_mono))
-                occurrences += row[4]
+                if wait is None or self.stop.is_set:
+                    break
+                await asyncio.sleep(wait)
             if ids:
                 await self._db.execute(sql.MARK_PUBLISHED, {"ids": ids, "published_ats": stamps})
         self.stats.published_envelopes += len(ids)
         self.stats.published_occurrences += occurrences
         logger.debug("published %d envelopes (%d occurrences)", len(ids), occurrences, extra={"action": "publish"})
-        return len(ids)
+        return len(rows)
+
+    async def _drop_withdrawn(self, timer: PriorityTimer, due: list[Claimed]) -> None:
+        """Delete due envelopes all of whose occurrences were withdrawn since staging (rare: checked only when
+        an update, pause or cancel moved the invalidation mark)."""
+        mark = (await (await self._db.execute(sql.INVALIDATION_MARK)).fetchone())[0]
+        if mark == self._invalidation_mark:
+            return
+        self._invalidation_mark = mark
+        cursor = await self._db.execute(sql.WITHDRAWN_ENVELOPES, {"ids": [claim.task_id for claim in due]})
+        withdrawn = [row[0] for row in await cursor.fetchall()]
+        if withdrawn:
+            await self._db.execute(sql.DELETE_ENVELOPES, {"ids": withdrawn})
+            for claim in due:
+                if claim.task_id in withdrawn:
+                    timer.complete(claim, ok=False)
+            self.stats.withdrawn_envelopes += len(withdrawn)
+            logger.info("dropped %d withdrawn envelopes", len(withdrawn), extra={"action": "drop_withdrawn"})
 
     async def _publish(self, row: tuple) -> float:
         """Publish one envelope; resolves when the broker confirmed it, returning that monotonic instant."""
-        envelope_id, queue, _priority, body, count = row
+        envelope_id, queue, _priority, body, count, _available_at = row
         task_id = task_id_for(envelope_id)
         message = aio_pika.Message(
             bytes(body),
@@ -163,7 +220,8 @@ class Relay:
             row = await cursor.fetchone()
         if row is None or row[0] is None:
             return self.max_idle
-        return min(self.max_idle, max(0.0, float(row[0])))
+        # Wake when the earliest envelope enters the staging lead, so it is in memory before its instant.
+        return min(self.max_idle, max(0.0, float(row[0]) - self.stage_seconds))
 
     # --- process -----------------------------------------------------------------------------------------------
 
@@ -192,6 +250,10 @@ class Relay:
     def run(self, *, once: bool = False) -> None:
         self.stop.install()
         asyncio.run(self.run_async(once=once))
+
+
+def _published_by_relay(cancel_event: object) -> None:
+    """The timer entries are only ordering keys: the relay publishes claimed entries itself (manual mode)."""
 
 
 def published_at_of(envelope_id: int) -> datetime | None:

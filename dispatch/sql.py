@@ -129,7 +129,7 @@ WHERE s.id = u.id AND s.version = u.version AND s.next_run_at = u.old_cursor
 # Due envelopes in (time, priority) order, locked for the duration of publish + stamp. SKIP LOCKED lets several
 # relays share a burst. Served by the partial index outbox_due.
 CLAIM_DUE_ENVELOPES = """
-SELECT id, queue, priority, body, cardinality(occurrence_ids)
+SELECT id, queue, priority, body, cardinality(occurrence_ids), available_at
 FROM dispatch_outboxmessage
 WHERE published_at IS NULL AND available_at <= clock_timestamp() + make_interval(secs => %(lead)s)
 ORDER BY available_at, priority DESC, id
@@ -151,6 +151,24 @@ FROM dispatch_outboxmessage WHERE published_at IS NULL
 """
 
 DB_NOW = "SELECT clock_timestamp()"
+
+# Staging: the relay claims envelopes due within the next second or so and releases them at their instant.
+# An update, pause or cancel bumps this sequence when it withdraws occurrences; reading it takes no lock.
+BUMP_INVALIDATION = "SELECT nextval('dispatch_invalidation_seq')"
+INVALIDATION_MARK = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM dispatch_invalidation_seq"
+
+# Staged envelopes none of whose occurrences can still run (all withdrawn while staged): dropped unpublished.
+# Partly withdrawn envelopes are published; the worker's claim is the authority for each occurrence.
+WITHDRAWN_ENVELOPES = """
+SELECT m.id FROM dispatch_outboxmessage AS m
+WHERE m.id = ANY(%(ids)s::bigint[])
+  AND NOT EXISTS (
+    SELECT 1 FROM unnest(m.occurrence_ids, m.scheduled_fors) AS u(occurrence_id, scheduled_for)
+    JOIN dispatch_occurrence AS o ON o.occurrence_id = u.occurrence_id AND o.scheduled_for = u.scheduled_for
+    WHERE o.state IN ('scheduled', 'enqueued', 'retry_wait'))
+"""
+
+DELETE_ENVELOPES = "DELETE FROM dispatch_outboxmessage WHERE id = ANY(%(ids)s::bigint[])"
 
 # Settling copies an envelope's confirmation time onto its occurrences after the hot instant: scheduled →
 # enqueued (a worker may already have moved it further; then only enqueued_at is filled), then the envelope

@@ -179,3 +179,6 @@ SCHEDULER_RELAY_MAX_IDLE_SECONDS = env_float("SCHEDULER_RELAY_MAX_IDLE_SECONDS",
 # Durable queues per lane (the workers consume both by default).
 SCHEDULER_STRICT_QUEUE = env_str("SCHEDULER_STRICT_QUEUE", "scheduler.strict")
 SCHEDULER_FLEXIBLE_QUEUE = env_str("SCHEDULER_FLEXIBLE_QUEUE", "scheduler.flexible")
+# The relay claims envelopes due within this lead and releases each at its instant from memory, so the top of
+# the hour starts on time; a manual trigger may wait up to this long behind a staged group.
+SCHEDULER_RELAY_STAGE_SECONDS = env_float("SCHEDULER_RELAY_STAGE_SECONDS", 1.0, minimum=0.0)

@@ -1,0 +1,208 @@
+"""Backfill: create the missing fires of a past range with their usual ids, exactly as the reconciler expects."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+
+from django.db import connection, transaction
+
+from dispatch.envelopes import Fire, write_envelopes
+from dispatch.partitions import ensure_partitions
+from dispatch.queues import queue_for_lane
+from dispatch.reconcile import ExpectedFire, expected_fires, version_spans
+from schedules.clock import db_now
+from schedules.models import Schedule, ScheduleState
+from schedules.timerules import TimeRuleError
+
+logger = logging.getLogger(__name__)
+
+# One operator command must not become the next outage (seed 000: "replaying every missed historical occurrence
+# creates a second outage"): above this many fires the operator splits the range and watches the queues.
+MAX_BACKFILL_FIRES = 100_000
+# Occurrences (and their envelopes) written per transaction: short transactions, bounded memory.
+BACKFILL_CHUNK = 1000
+
+# ON CONFLICT DO NOTHING (no target) covers both the primary key (occurrence_id, scheduled_for) and the unique
+# fire (schedule, version, scheduled_for): a row the materializer, a replay or an earlier backfill wrote is left
+# exactly as it is. `forced`: the operator asked for this very fire, so the worker runs it even though the
+# schedule has a newer version now. RETURNING names the new rows: only they get envelopes.
+INSERT_BACKFILL = """
+INSERT INTO dispatch_occurrence (
+    occurrence_id, schedule_id, tenant_id, schedule_version, scheduled_for, available_at, lane, priority,
+    manual, forced, state, attempt_count, created_at)
+SELECT u.occurrence_id, u.schedule_id, u.tenant_id, u.version, u.scheduled_for, %(now)s::timestamptz, u.lane,
+       u.priority, false, true, 'scheduled', 0, %(now)s::timestamptz
+FROM unnest(%(occurrence_ids)s::uuid[], %(schedule_ids)s::uuid[], %(tenant_ids)s::bigint[], %(versions)s::int[],
+            %(scheduled_fors)s::timestamptz[], %(lanes)s::text[], %(priorities)s::smallint[])
+     AS u(occurrence_id, schedule_id, tenant_id, version, scheduled_for, lane, priority)
+ON CONFLICT DO NOTHING
+RETURNING occurrence_id
+"""
+
+
+class BackfillRefused(Exception):
+    """The backfill was not started; the message tells the operator why and what to do instead."""
+
+
+@dataclass(frozen=True)
+class BackfillResult:
+    schedule_id: uuid.UUID
+    since: datetime
+    until: datetime
+    expected: int
+    created: int
+
+    @property
+    def already_present(self) -> int:
+        return self.expected - self.created
+
+
+def parse_schedule_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise BackfillRefused(f"{text!r} is not a schedule id (a UUID such as 1b4e28ba-2fa1-...).") from None
+
+
+def backfill_schedule(
+    schedule_id: uuid.UUID,
+    *,
+    since: datetime,
+    until: datetime,
+    now: datetime | None = None,
+    max_fires: int | None = None,
+) -> BackfillResult:
+    """Create the missing fires of one schedule in [since, until) under the version valid at each fire.
+
+    1. Refuse what would surprise: a future range, an unknown or canceled schedule, more than `max_fires` fires.
+    2. Insert chunk by chunk, one transaction each, after ensuring the day partitions the chunk writes into (old
+       days must not pile up in DEFAULT, where pruning is a DELETE).
+    3. New rows are scheduled, forced and available now, each with an outbox envelope; existing rows are untouched,
+       so running it twice creates nothing the second time.
+    """
+    if since >= until:
+        raise BackfillRefused(f"since ({since.isoformat()}) must be before until ({until.isoformat()}).")
+    now = now or db_now()
+    if until > now:
+        raise BackfillRefused(
+            f"until ({until.isoformat()}) is later than now ({now.isoformat()}): backfill only creates past fires; "
+            "future ones are the materializer's."
+        )
+    schedule = Schedule.objects.filter(pk=schedule_id).first()
+    if schedule is None:
+        raise BackfillRefused(f"No schedule with id {schedule_id}.")
+    if schedule.state == ScheduleState.CANCELED:
+        raise BackfillRefused(
+            f"Schedule {schedule_id} is canceled: workers drop the occurrences of a canceled schedule, so a backfill "
+            "would create rows that never run."
+        )
+
+    expected = _count_or_refuse(schedule_id, since, until, max_fires or MAX_BACKFILL_FIRES)
+    created = 0
+    fires = _fires(schedule_id, since, until)
+    while chunk := list(itertools.islice(fires, BACKFILL_CHUNK)):
+        _ensure_day_partitions(chunk)
+        created += _write_chunk(chunk, now)
+    logger.info(
+        "backfilled schedule %s %s..%s: expected %d, created %d",
+        schedule_id,
+        since.isoformat(),
+        until.isoformat(),
+        expected,
+        created,
+        extra={"action": "backfill"},
+    )
+    return BackfillResult(schedule_id=schedule_id, since=since, until=until, expected=expected, created=created)
+
+
+def _fires(schedule_id: uuid.UUID, since: datetime, until: datetime) -> Iterator[ExpectedFire]:
+    for span in version_spans([schedule_id], since, until):
+        try:
+            yield from expected_fires(span, since, until)
+        except (TimeRuleError, ValueError) as exc:
+            # Counting walks every version before anything is written, so this refuses before any insert.
+            raise BackfillRefused(f"Version {span.version} of schedule {schedule_id} cannot be read: {exc}.") from None
+
+
+def _count_or_refuse(schedule_id: uuid.UUID, since: datetime, until: datetime, max_fires: int) -> int:
+    """Count the fires, stopping one past the cap; over it, estimate the total and suggest where to cut."""
+    count = 0
+    for fire in _fires(schedule_id, since, until):
+        count += 1
+        if count > max_fires:
+            # Versions follow each other in time, so fires come out in time order: everything before this fire
+            # fits under the cap, and the share of the range covered so far extrapolates the total.
+            covered = (fire.scheduled_for - since) / (until - since) if until > since else 1.0
+            estimate = int(count / covered) if covered > 0 else count
+            raise BackfillRefused(
+                f"The range holds more than {max_fires:,} fires (about {estimate:,} at this rhythm); the cap is "
+                f"{max_fires:,} per run. Use a smaller range, e.g. --until {fire.scheduled_for.isoformat()} (the first "
+                f"{max_fires:,} fires), then continue from there."
+            )
+    return count
+
+
+def _ensure_day_partitions(chunk: list[ExpectedFire]) -> None:
+    """Create the day partitions this chunk writes into, in runs of consecutive days.
+
+    Only days that hold fires: a daily rhythm over years must not create a partition per empty day. Done in its own
+    short transaction before the insert (partition DDL locks the parent table), and inside one at all because
+    ensure_partitions issues raw SAVEPOINTs, which PostgreSQL refuses outside a transaction block.
+    """
+    days = sorted({fire.scheduled_for.astimezone(UTC).date() for fire in chunk})
+    runs: list[list[date]] = []
+    for day in days:
+        if runs and day - runs[-1][-1] == timedelta(days=1):
+            runs[-1].append(day)
+        else:
+            runs.append([day])
+    with transaction.atomic():
+        for run in runs:
+            ensure_partitions(connection, run[0], run[-1])
+
+
+def _write_chunk(chunk: list[ExpectedFire], now: datetime) -> int:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            INSERT_BACKFILL,
+            {
+                "now": now,
+                "occurrence_ids": [f.occurrence_id for f in chunk],
+                "schedule_ids": [f.schedule_id for f in chunk],
+                "tenant_ids": [f.tenant_id for f in chunk],
+                "versions": [f.version for f in chunk],
+                "scheduled_fors": [f.scheduled_for for f in chunk],
+                "lanes": [f.lane for f in chunk],
+                "priorities": [f.priority for f in chunk],
+            },
+        )
+        new_ids = {row[0] for row in cursor.fetchall()}
+        # Released now: the fires are already late; the lane's queue keeps strict and flexible work apart.
+        write_envelopes(
+            cursor,
+            [
+                Fire(
+                    occurrence_id=f.occurrence_id,
+                    scheduled_for=f.scheduled_for,
+                    tenant_id=f.tenant_id,
+                    queue=queue_for_lane(f.lane),
+                    available_at=now,
+                    priority=f.priority,
+                )
+                for f in chunk
+                if f.occurrence_id in new_ids
+            ],
+        )
+    return len(new_ids)
+
+
+def describe(result: BackfillResult) -> str:
+    return (
+        f"Backfill of schedule {result.schedule_id} for {result.since.isoformat()} .. {result.until.isoformat()}: "
+        f"expected {result.expected}, created {result.created}, already present {result.already_present}."
+    )

@@ -1,0 +1,85 @@
+"""The relay's staging through the PriorityTimer: release at the instant, priority first, withdrawn dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections
+
+from dispatch.envelopes import Fire, write_envelopes
+from dispatch.identity import occurrence_id_for
+from dispatch.models import Occurrence, OutboxMessage
+from dispatch.queues import STRICT_QUEUE
+from dispatch.relay import Relay
+from schedules.clock import db_now
+from schedules.services import cancel_schedule, create_schedule
+from tests.integration.test_relay_process import drain_queue
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def staged_fire(tenant, name: str, *, at, priority: int = 0):
+    schedule, _ = create_schedule(
+        tenant=tenant,
+        data={"name": name, "kind": "cron", "cron": "* * * * *", "handler": "noop", "priority": priority},
+        actor="test",
+    )
+    occurrence = Occurrence.objects.create(
+        occurrence_id=occurrence_id_for(schedule.id, 1, at),
+        schedule=schedule,
+        tenant=tenant,
+        schedule_version=1,
+        scheduled_for=at,
+        available_at=at,
+        lane="strict",
+        priority=priority,
+    )
+    with connection.cursor() as cursor:
+        write_envelopes(cursor, [Fire(occurrence.occurrence_id, at, tenant.id, STRICT_QUEUE, at, priority)])
+    return schedule, occurrence
+
+
+def run_relay_once(relay: Relay) -> None:
+    async def once() -> None:
+        await relay.connect()
+        try:
+            await relay.publish_due()
+        finally:
+            await relay.close()
+
+    asyncio.run(once())
+
+
+def test_staged_envelopes_leave_at_their_instant_in_priority_order(tenant_a):
+    drain_queue(STRICT_QUEUE)
+    at = db_now() + timedelta(seconds=0.6)
+    _, low = staged_fire(tenant_a.tenant, "low", at=at, priority=-5)
+    _, high = staged_fire(tenant_a.tenant, "high", at=at, priority=50)
+    _, middle = staged_fire(tenant_a.tenant, "middle", at=at, priority=0)
+    run_relay_once(Relay("staging-test"))
+    stamps = list(OutboxMessage.objects.values_list("published_at", flat=True))
+    assert len(stamps) == 3 and all(stamp >= at for stamp in stamps), "nothing is published before its instant"
+    order = [m["occurrences"][0] for m in drain_queue(STRICT_QUEUE)]
+    assert order == [str(high.occurrence_id), str(middle.occurrence_id), str(low.occurrence_id)]
+
+
+def test_a_staged_envelope_whose_occurrences_were_withdrawn_is_dropped_unpublished(tenant_a):
+    drain_queue(STRICT_QUEUE)
+    at = db_now() + timedelta(seconds=0.8)
+    doomed_schedule, doomed = staged_fire(tenant_a.tenant, "doomed", at=at)
+    _, kept = staged_fire(tenant_a.tenant, "kept", at=at)
+    relay = Relay("withdraw-test")
+    thread = threading.Thread(target=lambda: (run_relay_once(relay), connections.close_all()))
+    thread.start()
+    time.sleep(0.3)  # the relay has claimed and staged both, and waits for their instant
+    cancel_schedule(doomed_schedule, actor="test")
+    thread.join(timeout=20)
+    assert not thread.is_alive()
+    assert relay.stats.withdrawn_envelopes == 1
+    delivered = [m["occurrences"][0] for m in drain_queue(STRICT_QUEUE)]
+    assert delivered == [str(kept.occurrence_id)]
+    assert Occurrence.objects.get(pk=doomed.pk).state == "canceled"
