@@ -1,0 +1,61 @@
+"""/metrics on the public host: scheduler gauges read from the durable record."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db import connection
+from django.test import Client
+
+from dispatch.envelopes import Fire, write_envelopes
+from dispatch.identity import occurrence_id_for
+from dispatch.models import Occurrence
+from dispatch.queues import STRICT_QUEUE
+from schedules.clock import db_now
+from schedules.services import create_schedule
+
+
+def scrape() -> dict[str, float]:
+    response = Client(HTTP_HOST="localhost").get("/metrics")
+    assert response.status_code == 200
+    values = {}
+    for line in response.content.decode().splitlines():
+        if line.startswith("scheduler_"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def test_metrics_report_outbox_depth_dlq_size_and_recent_lag(tenant_a):
+    now = db_now()
+    schedule, _ = create_schedule(
+        tenant=tenant_a.tenant, data={"name": "m", "kind": "cron", "cron": "* * * * *", "handler": "noop"}, actor="t"
+    )
+    at = now - timedelta(seconds=30)
+    dead = Occurrence.objects.create(
+        occurrence_id=occurrence_id_for(schedule.id, 1, at),
+        schedule=schedule,
+        tenant=tenant_a.tenant,
+        schedule_version=1,
+        scheduled_for=at,
+        available_at=at,
+        lane="strict",
+        state="dead",
+        enqueued_at=at + timedelta(seconds=2),
+    )
+    later = now + timedelta(minutes=5)
+    with connection.cursor() as cursor:
+        write_envelopes(
+            cursor, [Fire(occurrence_id_for(schedule.id, 1, later), later, tenant_a.tenant.id, STRICT_QUEUE, later, 0)]
+        )
+    values = scrape()
+    assert values["scheduler_outbox_envelopes"] == 1
+    assert values["scheduler_outbox_occurrences"] == 1
+    assert values["scheduler_dlq_occurrences"] == 1
+    assert values['scheduler_schedule_lag_seconds{lane="strict",quantile="0.99"}'] == 2.0
+    assert values['scheduler_recent_occurrences{lane="strict",state="dead"}'] == 1
+    assert dead.state == "dead"
+
+
+def test_metrics_are_not_served_on_a_tenant_host(tenant_a):
+    assert Client(HTTP_HOST=tenant_a.domain).get("/metrics").status_code == 404
