@@ -9,8 +9,9 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
+from dispatch import sql
 from dispatch.envelopes import Fire, write_envelopes
-from dispatch.identity import manual_occurrence_id_for
+from dispatch.identity import manual_occurrence_id_for, occurrence_id_for
 from dispatch.models import IN_FLIGHT_STATES, UNCLAIMED_STATES, Occurrence, OccurrenceState
 from dispatch.queues import queue_for_lane
 from schedules.errors import StateConflict
@@ -39,16 +40,23 @@ def enqueue_occurrence(occurrence: Occurrence, *, available_at: datetime) -> Non
         write_envelopes(cursor, [fire])
 
 
-def invalidate_unclaimed_occurrences(schedule_id: uuid.UUID, below_version: int, now: datetime) -> int:
+def invalidate_unclaimed_occurrences(
+    schedule_id: uuid.UUID, below_version: int, now: datetime, *, include_forced: bool = True
+) -> int:
     """Cancel occurrences of older versions that no worker has claimed yet (ARCHITECTURE rule 9).
 
     One conditional UPDATE: a worker's claim (`WHERE state = 'enqueued'`) and this statement serialise on the
     row lock, so an occurrence ends either claimed (and reported in flight) or canceled, never both.
     """
-    canceled = Occurrence.objects.filter(
+    withdrawn = Occurrence.objects.filter(
         schedule_id=schedule_id, schedule_version__lt=below_version, state__in=UNCLAIMED_STATES
-    ).update(state=OccurrenceState.CANCELED, finished_at=now)
+    )
+    if not include_forced:
+        withdrawn = withdrawn.exclude(forced=True)
+    canceled = withdrawn.update(state=OccurrenceState.CANCELED, finished_at=now)
     if canceled:
+        with connection.cursor() as cursor:
+            cursor.execute(sql.BUMP_INVALIDATION)
         logger.info(
             "canceled %d unclaimed occurrences of schedule %s below version %d",
             canceled,
@@ -57,6 +65,44 @@ def invalidate_unclaimed_occurrences(schedule_id: uuid.UUID, below_version: int,
             extra={"action": "invalidate_occurrences"},
         )
     return canceled
+
+
+# Bound on the owed fires recorded in one API call; a schedule further behind is left to the reconciler.
+MAX_OWED_FIRES = 10_000
+
+
+def record_owed_fires_as_missed(schedule, *, until: datetime) -> int:
+    """Record the current version's unmaterialized fires from its cursor up to `until` as missed rows."""
+    fires = []
+    cursor = schedule.next_run_at
+    rule = schedule.time_rule
+    while cursor is not None and cursor <= until and len(fires) < MAX_OWED_FIRES:
+        fires.append(cursor)
+        cursor = rule.next_after(cursor) if schedule.kind == "cron" else None
+    rows = [
+        Occurrence(
+            occurrence_id=occurrence_id_for(schedule.id, schedule.version, fire),
+            schedule_id=schedule.id,
+            tenant_id=schedule.tenant_id,
+            schedule_version=schedule.version,
+            scheduled_for=fire,
+            available_at=fire,
+            lane=schedule.lane,
+            priority=schedule.priority,
+            state=OccurrenceState.MISSED,
+            finished_at=until,
+        )
+        for fire in fires
+    ]
+    Occurrence.objects.bulk_create(rows, ignore_conflicts=True)
+    if rows:
+        logger.warning(
+            "schedule %s changed with %d fires not yet materialized; recorded as missed",
+            schedule.id,
+            len(rows),
+            extra={"action": "owed_fires_missed"},
+        )
+    return len(rows)
 
 
 def in_flight_occurrences(schedule_id: uuid.UUID) -> list[InFlight]:

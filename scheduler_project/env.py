@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 from django.core.exceptions import ImproperlyConfigured
@@ -23,9 +24,7 @@ def env_bool(name: str, default: bool) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ImproperlyConfigured(
-        f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off."
-    )
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off.")
 
 
 def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -51,6 +50,8 @@ def env_float(name: str, default: float, *, minimum: float | None = None) -> flo
         value = float(raw.strip())
     except ValueError:
         raise ImproperlyConfigured(f"{name}={raw!r} is not a number.") from None
+    if not math.isfinite(value):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a finite number.")
     if minimum is not None and value < minimum:
         raise ImproperlyConfigured(f"{name}={value} is below its minimum {minimum}.")
     return value

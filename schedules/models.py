@@ -87,14 +87,10 @@ class Schedule(models.Model):
     priority = models.SmallIntegerField(default=0)
     handler = models.CharField(max_length=100)
     payload = models.JSONField(default=dict, blank=True)
-    misfire_policy = models.CharField(
-        max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.SKIP
-    )
+    misfire_policy = models.CharField(max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.SKIP)
     max_lateness_seconds = models.PositiveIntegerField(default=60)
     catchup_limit = models.PositiveIntegerField(default=10)
-    overlap_policy = models.CharField(
-        max_length=16, choices=OverlapPolicy.choices, default=OverlapPolicy.ALLOW
-    )
+    overlap_policy = models.CharField(max_length=16, choices=OverlapPolicy.choices, default=OverlapPolicy.ALLOW)
     max_attempts = models.PositiveSmallIntegerField(default=5)
 
     state = models.CharField(max_length=10, choices=ScheduleState.choices, default=ScheduleState.ACTIVE)
@@ -134,9 +130,7 @@ class Schedule(models.Model):
                 condition=Q(idempotency_key__isnull=False),
                 name="schedule_unique_idempotency_key",
             ),
-            models.CheckConstraint(
-                condition=Q(priority__gte=-100, priority__lte=100), name="schedule_priority_range"
-            ),
+            models.CheckConstraint(condition=Q(priority__gte=-100, priority__lte=100), name="schedule_priority_range"),
             models.CheckConstraint(
                 condition=(Q(kind="cron", cron__isnull=False) | Q(kind="once", run_at__isnull=False)),
                 name="schedule_kind_has_time",

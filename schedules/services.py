@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -61,6 +62,8 @@ DEFAULTS: dict[str, Any] = {
     "max_attempts": 5,
 }
 REQUIRED_FIELDS = ("name", "kind", "handler")
+# An escaped U+0000 in JSON text: the backslash that starts it is preceded by an even number of backslashes.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 MAX_PREVIEW_COUNT = 100
 
 
@@ -112,9 +115,7 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
         if run_at is None:
             errors.setdefault("run_at", []).append("Required for kind 'once'.")
         elif run_at.tzinfo is None:
-            errors.setdefault("run_at", []).append(
-                "Give an offset or 'Z' (ISO 8601), e.g. 2026-12-01T09:00:00Z."
-            )
+            errors.setdefault("run_at", []).append("Give an offset or 'Z' (ISO 8601), e.g. 2026-12-01T09:00:00Z.")
 
     handler = definition.get("handler")
     if handler and not is_registered(handler):
@@ -139,10 +140,15 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(payload, dict):
         errors.setdefault("payload", []).append("Must be a JSON object.")
     else:
-        size = len(json.dumps(payload, separators=(",", ":")).encode())
+        # Real UTF-8 bytes, as stored and shipped: an accented letter is 2 bytes, not a 6-byte \u escape.
+        size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
         if size > settings.SCHEDULER_MAX_PAYLOAD_BYTES:
             errors.setdefault("payload", []).append(
                 f"Is {size} bytes encoded; the limit is {settings.SCHEDULER_MAX_PAYLOAD_BYTES} bytes."
+            )
+        elif not _storable_json(payload):
+            errors.setdefault("payload", []).append(
+                "Contains U+0000 or an unpaired surrogate (U+D800-U+DFFF), which PostgreSQL cannot store."
             )
 
     name = definition.get("name")
@@ -152,6 +158,16 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
     if errors:
         raise ScheduleInvalid(errors)
     return {field: definition[field] for field in DEFINITION_FIELDS}
+
+
+def _storable_json(value: Any) -> bool:
+    """PostgreSQL's jsonb refuses U+0000 and lone surrogates, both of which Python's json accepts."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return _NUL_ESCAPE.search(text) is None
 
 
 def fingerprint(body: dict[str, Any]) -> str:
@@ -201,12 +217,27 @@ def _locked(schedule: Schedule) -> Schedule:
     return Schedule.objects.select_for_update().get(pk=schedule.pk)
 
 
+def _lock_for_change(schedule: Schedule, now: datetime) -> Schedule:
+    """Lock the row for a new version. Fires the current version still owes up to now (the materializer was
+    behind) are first recorded as missed: the cursor is about to move on, and a fire without a row would be a
+    silent omission (ARCHITECTURE rule 7)."""
+    locked = _locked(schedule)
+    if locked.state == ScheduleState.ACTIVE and locked.next_run_at is not None and locked.next_run_at <= now:
+        dispatch_services.record_owed_fires_as_missed(locked, until=now)
+    return locked
+
+
 def _bump(schedule: Schedule, change: str, actor: str, now: datetime) -> None:
-    """Save a new version and withdraw what older versions left unclaimed (ARCHITECTURE rule 9)."""
+    """Save a new version and withdraw what older versions left unclaimed (ARCHITECTURE rule 9).
+
+    Backfilled and replayed occurrences (forced) survive an update or pause, which they predate by design;
+    a cancel withdraws them too."""
     schedule.version += 1
     schedule.save()
     _record_version(schedule, change, actor, now)
-    dispatch_services.invalidate_unclaimed_occurrences(schedule.id, schedule.version, now)
+    dispatch_services.invalidate_unclaimed_occurrences(
+        schedule.id, schedule.version, now, include_forced=change == VersionChange.CANCEL
+    )
 
 
 def create_schedule(
@@ -229,15 +260,7 @@ def create_schedule(
     try:
         with transaction.atomic():
             now = now or db_now()
-            # The tenant row lock serialises creates of one tenant, so two racing requests cannot both pass
-            # the quota check with one slot left.
-            locked_tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
-            held = Schedule.objects.for_tenant(locked_tenant).counted_by_quota().count()
-            if held >= locked_tenant.max_schedules:
-                raise QuotaExceeded(
-                    f"Tenant {locked_tenant.slug} holds {held} schedules, its quota is {locked_tenant.max_schedules}.",
-                    settings.SCHEDULER_QUOTA_RETRY_AFTER_SECONDS,
-                )
+            locked_tenant = _claim_quota_slot(tenant.pk)
             schedule = Schedule(tenant=locked_tenant, **definition)
             schedule.shard = shard_for(schedule.id)
             schedule.next_run_at = _first_fire(schedule.time_rule, now)
@@ -254,10 +277,24 @@ def create_schedule(
             if existing is not None:
                 return existing, False
         raise
-    logger.info(
-        "created schedule %s for tenant %s", schedule.id, tenant.slug, extra={"action": "create_schedule"}
-    )
+    logger.info("created schedule %s for tenant %s", schedule.id, tenant.slug, extra={"action": "create_schedule"})
     return schedule, True
+
+
+def _claim_quota_slot(tenant_id: int) -> Tenant:
+    """Lock the tenant row and check that one more schedule fits its quota (active + paused); raise QuotaExceeded.
+
+    The tenant row lock serialises the writers that add to the count (creates, reactivations), so two racing
+    requests cannot both pass the check with one slot left.
+    """
+    locked_tenant = Tenant.objects.select_for_update().get(pk=tenant_id)
+    held = Schedule.objects.for_tenant(locked_tenant).counted_by_quota().count()
+    if held >= locked_tenant.max_schedules:
+        raise QuotaExceeded(
+            f"Tenant {locked_tenant.slug} holds {held} schedules, its quota is {locked_tenant.max_schedules}.",
+            settings.SCHEDULER_QUOTA_RETRY_AFTER_SECONDS,
+        )
+    return locked_tenant
 
 
 def _existing_for_key(tenant: Tenant, key: str, body_hash: str) -> Schedule | None:
@@ -273,7 +310,7 @@ def update_schedule(
     """Apply a partial definition change as a new version; future fires follow it, older unclaimed ones go."""
     with transaction.atomic():
         now = now or db_now()
-        schedule = _locked(schedule)
+        schedule = _lock_for_change(schedule, now)
         if schedule.state == ScheduleState.CANCELED:
             raise StateConflict("A canceled schedule cannot be changed.")
         merged = {field: getattr(schedule, field) for field in DEFINITION_FIELDS}
@@ -287,13 +324,15 @@ def update_schedule(
         for field, value in definition.items():
             setattr(schedule, field, value)
         if schedule.state in (ScheduleState.ACTIVE, ScheduleState.COMPLETED):
+            was_counted = schedule.state == ScheduleState.ACTIVE
             # A zone or expression change affects only fires after now, under the new version.
             schedule.next_run_at = _next_fire_after_change(schedule.time_rule, now)
             schedule.state = ScheduleState.ACTIVE if schedule.next_run_at else ScheduleState.COMPLETED
+            if schedule.state == ScheduleState.ACTIVE and not was_counted:
+                # A completed one-off given a new run_at counts against the quota again.
+                _claim_quota_slot(schedule.tenant_id)
         _bump(schedule, VersionChange.UPDATE, actor, now)
-    logger.info(
-        "updated schedule %s to v%d", schedule.id, schedule.version, extra={"action": "update_schedule"}
-    )
+    logger.info("updated schedule %s to v%d", schedule.id, schedule.version, extra={"action": "update_schedule"})
     return schedule
 
 
@@ -306,7 +345,7 @@ def _next_fire_after_change(rule: TimeRule, now: datetime) -> datetime | None:
 def pause_schedule(schedule: Schedule, *, actor: str, now: datetime | None = None) -> Schedule:
     with transaction.atomic():
         now = now or db_now()
-        schedule = _locked(schedule)
+        schedule = _lock_for_change(schedule, now)
         if schedule.state == ScheduleState.PAUSED:
             return schedule
         if schedule.state != ScheduleState.ACTIVE:
@@ -338,7 +377,7 @@ def cancel_schedule(schedule: Schedule, *, actor: str, now: datetime | None = No
     """Soft cancel: the row and its history stay; unclaimed work is withdrawn; claimed work is reported."""
     with transaction.atomic():
         now = now or db_now()
-        schedule = _locked(schedule)
+        schedule = _lock_for_change(schedule, now)
         if schedule.state != ScheduleState.CANCELED:
             schedule.state = ScheduleState.CANCELED
             schedule.next_run_at = None
@@ -357,8 +396,6 @@ def trigger_schedule(
         schedule = Schedule.objects.select_for_update().get(pk=schedule.pk)
         if schedule.state == ScheduleState.CANCELED:
             raise StateConflict("A canceled schedule cannot be triggered.")
-        occurrence_id = dispatch_services.trigger_manual_occurrence(
-            schedule, now=now, trigger_key=trigger_key
-        )
+        occurrence_id = dispatch_services.trigger_manual_occurrence(schedule, now=now, trigger_key=trigger_key)
     logger.info("%s triggered schedule %s", actor, schedule.id, extra={"action": "trigger_schedule"})
     return occurrence_id

@@ -15,9 +15,7 @@ from tenants.models import Domain, Tenant, schema_name_for, validate_slug
 logger = logging.getLogger(__name__)
 
 API_USERNAME = "api"
-HOST_PATTERN = re.compile(
-    r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
-)
+HOST_PATTERN = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
 QUOTA_FIELDS = (
     "max_schedules",
     "max_fires_per_second",
@@ -46,6 +44,15 @@ def provision_tenant(slug: str, *, domain: str, name: str | None = None, **quota
             raise ValidationError(f"Unknown quota {field!r}.")
         if value is not None and value < 1:
             raise ValidationError(f"{field} must be at least 1, got {value}.")
+        if value is not None:
+            # The column's own range (PositiveSmallIntegerField stops at 32767): refused here, not by PostgreSQL.
+            try:
+                Tenant._meta.get_field(field).run_validators(value)
+            except ValidationError as exc:
+                raise ValidationError(f"{field}: {' '.join(exc.messages)}") from None
+    name_limit = Tenant._meta.get_field("name").max_length
+    if name is not None and len(name) > name_limit:
+        raise ValidationError(f"The name is {len(name)} characters long; at most {name_limit} are allowed.")
 
     owner = Domain.objects.select_related("tenant").filter(domain=domain).first()
     if owner is not None and owner.tenant.slug != slug:
@@ -61,9 +68,7 @@ def provision_tenant(slug: str, *, domain: str, name: str | None = None, **quota
                 setattr(tenant, field, value)
         tenant.save(verbosity=0)
     else:
-        changed = [
-            field for field, value in quotas.items() if value is not None and getattr(tenant, field) != value
-        ]
+        changed = [field for field, value in quotas.items() if value is not None and getattr(tenant, field) != value]
         for field in changed:
             setattr(tenant, field, quotas[field])
         if name and tenant.name != name:

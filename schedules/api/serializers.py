@@ -11,12 +11,17 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from dispatch.models import Attempt, Occurrence
+from schedules.api.parsers import MAX_JSON_DEPTH, json_depth_exceeds
 from schedules.models import DEFINITION_FIELDS, Kind, Lane, MisfirePolicy, OverlapPolicy, Schedule
 from schedules.services import MAX_PREVIEW_COUNT, NUMERIC_RANGES
 from schedules.timerules import local_time
 
 # Keys a client may send back from a GET without meaning to change them: ignored on input.
 READ_ONLY_KEYS = frozenset({"id", "state", "version", "next_run_at", "created_at", "updated_at"})
+# Instants accepted on input. Outside them zone conversion overflows datetime (year 1 or 9999 with an offset)
+# and a preview of up to 100 fires of a rare rule (29 February) would walk past year 9999.
+EARLIEST_INSTANT = datetime(1900, 1, 1, tzinfo=UTC)
+LATEST_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 @extend_schema_field(OpenApiTypes.DATETIME)
@@ -26,6 +31,7 @@ class AwareDateTimeField(serializers.Field):
     default_error_messages = {
         "invalid": "Not an ISO 8601 date-time, e.g. 2026-12-01T09:00:00Z.",
         "naive": "Give an offset or 'Z' (ISO 8601), e.g. 2026-12-01T09:00:00Z.",
+        "range": f"Must be from {EARLIEST_INSTANT.year} up to {LATEST_INSTANT.year} (UTC).",
     }
 
     def to_internal_value(self, data: Any) -> datetime:
@@ -39,7 +45,13 @@ class AwareDateTimeField(serializers.Field):
             self.fail("invalid")
         if value.tzinfo is None:
             self.fail("naive")
-        return value.astimezone(UTC)
+        try:
+            value = value.astimezone(UTC)
+        except OverflowError:
+            self.fail("range")
+        if not EARLIEST_INSTANT <= value < LATEST_INSTANT:
+            self.fail("range")
+        return value
 
     def to_representation(self, value: datetime) -> str:
         return utc_text(value)
@@ -51,46 +63,75 @@ def utc_text(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+class JSONObjectField(serializers.JSONField):
+    """A JSON object whose nesting is bounded (see MAX_JSON_DEPTH); form input parses it from text."""
+
+    default_error_messages = {
+        "not_object": "Must be a JSON object.",
+        "too_deep": f"Nested deeper than {MAX_JSON_DEPTH} levels.",
+    }
+
+    def to_internal_value(self, data: Any) -> Any:
+        # Form input arrives as text that DRF parses itself, outside the bounded JSON parser.
+        try:
+            value = super().to_internal_value(data)
+        except RecursionError:
+            self.fail("too_deep")
+        if not isinstance(value, dict):
+            self.fail("not_object")
+        if json_depth_exceeds(value):
+            self.fail("too_deep")
+        return value
+
+
 def _int_field(name: str) -> serializers.IntegerField:
     low, high = NUMERIC_RANGES[name]
     return serializers.IntegerField(required=False, min_value=low, max_value=high)
+
+
+def _choice_field(values: list[str]) -> serializers.ChoiceField:
+    # The message names the choices, not the input: DRF's default echoes it, and an input holding an unpaired
+    # surrogate then fails to encode as the UTF-8 response (a 500 instead of a 400).
+    return serializers.ChoiceField(
+        choices=values, required=False, error_messages={"invalid_choice": f"Must be one of: {', '.join(values)}."}
+    )
+
+
+def _printable(text: str) -> str:
+    """`text` as it can be written into a UTF-8 response: unpaired surrogates become backslash escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class ScheduleInputSerializer(serializers.Serializer):
     """Create and PATCH bodies. Every field is optional here; required-ness depends on kind (services)."""
 
     name = serializers.CharField(required=False, max_length=200)
-    kind = serializers.ChoiceField(choices=Kind.choices, required=False)
+    kind = _choice_field(Kind.values)
     cron = serializers.CharField(required=False, allow_null=True, allow_blank=True, max_length=200)
     run_at = AwareDateTimeField(required=False, allow_null=True)
     timezone = serializers.CharField(required=False, max_length=64)
-    lane = serializers.ChoiceField(choices=Lane.choices, required=False)
+    lane = _choice_field(Lane.values)
     flexible_window_seconds = _int_field("flexible_window_seconds")
     priority = _int_field("priority")
     handler = serializers.CharField(required=False, max_length=100)
-    payload = serializers.JSONField(required=False)
-    misfire_policy = serializers.ChoiceField(choices=MisfirePolicy.choices, required=False)
+    payload = JSONObjectField(required=False)
+    misfire_policy = _choice_field(MisfirePolicy.values)
     max_lateness_seconds = _int_field("max_lateness_seconds")
     catchup_limit = _int_field("catchup_limit")
-    overlap_policy = serializers.ChoiceField(choices=OverlapPolicy.choices, required=False)
+    overlap_policy = _choice_field(OverlapPolicy.values)
     max_attempts = _int_field("max_attempts")
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if isinstance(data, dict):
             unknown = sorted(set(data) - set(DEFINITION_FIELDS) - READ_ONLY_KEYS - self.extra_keys())
             if unknown:
-                raise serializers.ValidationError({key: ["Unknown field."] for key in unknown})
+                raise serializers.ValidationError({_printable(key): ["Unknown field."] for key in unknown})
         values = super().to_internal_value(data)
         kept = set(DEFINITION_FIELDS) | self.extra_keys()
         return {key: value for key, value in values.items() if key in kept}
 
     def extra_keys(self) -> set[str]:
         return set()
-
-    def validate_payload(self, value: Any) -> Any:
-        if not isinstance(value, dict):
-            raise serializers.ValidationError("Must be a JSON object.")
-        return value
 
 
 class PreviewInputSerializer(ScheduleInputSerializer):
@@ -127,9 +168,7 @@ class ScheduleSerializer(serializers.ModelSerializer):
 
 
 def fires_json(fires: list[datetime], timezone: str) -> dict[str, list[dict[str, str]]]:
-    return {
-        "fires": [{"at": utc_text(fire), "local": local_time(fire, timezone).isoformat()} for fire in fires]
-    }
+    return {"fires": [{"at": utc_text(fire), "local": local_time(fire, timezone).isoformat()} for fire in fires]}
 
 
 class AttemptSerializer(serializers.ModelSerializer):

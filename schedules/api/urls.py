@@ -13,9 +13,7 @@ router.register("schedules", ScheduleViewSet, basename="schedule")
 router.register("occurrences", OccurrenceViewSet, basename="occurrence")
 
 urlpatterns = [
-    path(
-        "schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]), name="schema"
-    ),
+    path("schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]), name="schema"),
     path(
         "docs/",
         SpectacularSwaggerView.as_view(url_name="schema", authentication_classes=[], permission_classes=[]),

@@ -7,6 +7,7 @@ from datetime import datetime
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -14,6 +15,7 @@ from dispatch import services as dispatch_services
 from dispatch.models import Occurrence
 from schedules import services
 from schedules.api.filters import ScheduleFilter
+from schedules.api.parsers import BoundedJSONParser
 from schedules.api.serializers import (
     InFlightSerializer,
     OccurrenceIdSerializer,
@@ -38,11 +40,24 @@ CancelSerializer = inline_serializer(
 
 
 PREVIEW_PLACEHOLDERS = {"name": "preview", "handler": "noop"}
+PARSERS = [BoundedJSONParser, FormParser, MultiPartParser]
+# The column that stores a create's key; a longer key would fail in the database rather than as a 400.
+MAX_IDEMPOTENCY_KEY_LENGTH = Schedule._meta.get_field("idempotency_key").max_length
 
 
 def actor_of(request: Request) -> str:
     """Who acted, as text: tenant users and operators live in different schemas, so ids alone are ambiguous."""
     return f"tenant:{request.tenant.slug}/{request.user.get_username()}"
+
+
+def idempotency_key_of(request: Request) -> str | None:
+    """The Idempotency-Key header, or None; a key its column cannot hold is a 400, not a database error."""
+    key = request.headers.get("Idempotency-Key") or None
+    if key is not None and len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
+        raise serializers.ValidationError({"Idempotency-Key": [f"At most {MAX_IDEMPOTENCY_KEY_LENGTH} characters."]})
+    if key is not None and "\x00" in key:
+        raise serializers.ValidationError({"Idempotency-Key": ["Null characters are not allowed."]})
+    return key
 
 
 class ScheduleViewSet(
@@ -52,13 +67,12 @@ class ScheduleViewSet(
 ):
     serializer_class = ScheduleSerializer
     filterset_class = ScheduleFilter
+    parser_classes = PARSERS
 
     def get_queryset(self):
         return Schedule.objects.for_tenant(self.request.tenant).order_by("-created_at", "id")
 
-    @extend_schema(
-        request=ScheduleInputSerializer, responses={201: ScheduleSerializer, 200: ScheduleSerializer}
-    )
+    @extend_schema(request=ScheduleInputSerializer, responses={201: ScheduleSerializer, 200: ScheduleSerializer})
     def create(self, request: Request) -> Response:
         body = ScheduleInputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -66,7 +80,7 @@ class ScheduleViewSet(
             tenant=request.tenant,
             data=body.validated_data,
             actor=actor_of(request),
-            idempotency_key=request.headers.get("Idempotency-Key") or None,
+            idempotency_key=idempotency_key_of(request),
             request_fingerprint=services.fingerprint(request.data),
         )
         return Response(
@@ -141,7 +155,7 @@ class ScheduleViewSet(
         occurrence_id = services.trigger_schedule(
             self.get_object(),
             actor=actor_of(request),
-            trigger_key=request.headers.get("Idempotency-Key") or None,
+            trigger_key=idempotency_key_of(request),
         )
         return Response({"occurrence_id": str(occurrence_id)}, status=status.HTTP_202_ACCEPTED)
 
@@ -169,6 +183,7 @@ class OccurrenceViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = OccurrenceSerializer
     lookup_field = "occurrence_id"
     filter_backends: list = []
+    parser_classes = PARSERS
 
     def get_queryset(self):
         return Occurrence.objects.for_tenant(self.request.tenant).prefetch_related("attempts")

@@ -15,9 +15,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("slug", help="tenant identifier: lowercase letters, digits and '-'")
-        parser.add_argument(
-            "--domain", required=True, help="host name that selects the tenant, e.g. acme.localhost"
-        )
+        parser.add_argument("--domain", required=True, help="host name that selects the tenant, e.g. acme.localhost")
         parser.add_argument("--name", help="display name (default: the slug)")
         parser.add_argument("--max-schedules", type=int, help="quota: active plus paused schedules")
         parser.add_argument("--max-fires-per-second", type=int, help="quota: dispatch rate before throttling")
@@ -39,6 +37,4 @@ class Command(BaseCommand):
             )
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from None
-        self.stdout.write(
-            json.dumps({"tenant": result.tenant.slug, "domain": result.domain, "token": result.token})
-        )
+        self.stdout.write(json.dumps({"tenant": result.tenant.slug, "domain": result.domain, "token": result.token}))
