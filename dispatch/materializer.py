@@ -28,6 +28,7 @@ from dispatch.models import OccurrenceState
 from dispatch.partitions import ensure_partitions
 from dispatch.planning import DueSchedule, Plan, plan_schedule
 from dispatch.queues import queue_for_lane
+from dispatch.worker import reap_expired_leases
 from schedules.clock import db_now
 
 logger = logging.getLogger(__name__)
@@ -113,6 +114,9 @@ class Materializer:
         """One unit of work: maintenance when due, then one batch. True if the batch found due schedules."""
         if monotonic() >= self._next_maintenance:
             self.maintain_leases()
+            # Leases of dead workers (SIGKILL, OOM) come back for another attempt. PostgreSQL's clock, not a
+            # driven `now`: a test's future instant would reap leases that are still alive.
+            reap_expired_leases()
         now = now or self.clock()
         # Partition DDL happens outside the batch transaction: it locks the parent table briefly.
         ensure_partitions(connection, (now - timedelta(days=1)).date(), (now + self.horizon + timedelta(days=2)).date())

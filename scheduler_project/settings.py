@@ -182,3 +182,20 @@ SCHEDULER_FLEXIBLE_QUEUE = env_str("SCHEDULER_FLEXIBLE_QUEUE", "scheduler.flexib
 # The relay claims envelopes due within this lead and releases each at its instant from memory, so the top of
 # the hour starts on time; a manual trigger may wait up to this long behind a staged group.
 SCHEDULER_RELAY_STAGE_SECONDS = env_float("SCHEDULER_RELAY_STAGE_SECONDS", 1.0, minimum=0.0)
+
+# --- Workers ---
+# Occurrences of one envelope run in parallel on this many threads per worker process.
+SCHEDULER_WORKER_THREADS = env_int("SCHEDULER_WORKER_THREADS", 8, minimum=1, maximum=256)
+# A claim's lease; renewed every third of it by a heartbeat. A dead worker's occurrence is reclaimable after it.
+SCHEDULER_WORKER_LEASE_SECONDS = env_float("SCHEDULER_WORKER_LEASE_SECONDS", 30.0, minimum=1.0)
+# queue_one: how soon an occurrence waiting for its running predecessor is offered again.
+SCHEDULER_OVERLAP_RECHECK_SECONDS = env_float("SCHEDULER_OVERLAP_RECHECK_SECONDS", 5.0, minimum=0.1)
+# Transient failures back off exponentially with full jitter: uniform(0, min(cap, base * 2**(attempt-1))).
+SCHEDULER_RETRY_BASE_SECONDS = env_float("SCHEDULER_RETRY_BASE_SECONDS", 1.0, minimum=0.0)
+SCHEDULER_RETRY_CAP_SECONDS = env_float("SCHEDULER_RETRY_CAP_SECONDS", 300.0, minimum=0.0)
+# A handler still running after this is asked to stop (cancel event); below RabbitMQ's consumer timeout.
+SCHEDULER_HANDLER_TIMEOUT_SECONDS = env_float("SCHEDULER_HANDLER_TIMEOUT_SECONDS", 900.0, minimum=1.0)
+# Extra modules whose @handler functions workers (and the API's validation) know, comma-separated.
+SCHEDULER_HANDLER_MODULES = env_list("SCHEDULER_HANDLER_MODULES", [])
+# Days of occurrences and attempts kept before prune_occurrences drops their partitions.
+SCHEDULER_RETENTION_DAYS = env_int("SCHEDULER_RETENTION_DAYS", 14, minimum=1)

@@ -35,6 +35,9 @@ CREATE INDEX occurrence_schedule_recent ON dispatch_occurrence (schedule_id, sch
 -- The DLQ (replay --dead) and the lease reaper read only these small subsets.
 CREATE INDEX occurrence_dead ON dispatch_occurrence (tenant_id) WHERE state = 'dead';
 CREATE INDEX occurrence_running_lease ON dispatch_occurrence (lease_expires_at) WHERE state = 'running';
+-- Overlap policies ask "is a sibling running or waiting?" at every claim of such a schedule.
+CREATE INDEX occurrence_active_by_schedule ON dispatch_occurrence (schedule_id)
+    WHERE state IN ('running', 'retry_wait');
 -- Time-range reads (metrics of the last minutes, the console's recent list): rows arrive in time order, so a
 -- BRIN index is a few pages per day and costs the hot insert almost nothing.
 CREATE INDEX occurrence_scheduled_brin ON dispatch_occurrence USING brin (scheduled_for);

@@ -1,0 +1,65 @@
+"""Celery configuration of the data plane: the queues workers consume, delivery guarantees, handler modules.
+
+Applied as defaults under the Django CELERY_* settings (scheduler_project/celery.py), so a CELERY_* setting still
+wins. `celery -A scheduler_project worker` with no options then consumes both lanes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from kombu import Exchange, Queue
+
+# The relay publishes envelopes to the default exchange ("") with routing key = queue name, so the queues need no
+# binding of their own. They are plain durable classic queues without x-arguments: the relay declares the same
+# queues with aio-pika (durable=True, no arguments), and RabbitMQ refuses a redeclaration whose flags or arguments
+# differ (PRECONDITION_FAILED). Moving to quorum queues is a change on both sides at once.
+DEFAULT_EXCHANGE = Exchange("", type="direct")
+
+
+def task_queues() -> tuple[Queue, ...]:
+    # Imported here: queue names come from Django settings, which this module must not load (celery.py imports
+    # it while the settings module itself may still be importing).
+    from dispatch.queues import ALL_QUEUES
+
+    return tuple(
+        Queue(name, exchange=DEFAULT_EXCHANGE, routing_key=name, durable=True, auto_delete=False) for name in ALL_QUEUES
+    )
+
+
+def handler_modules() -> list[str]:
+    """Modules that register handlers with @handler: the built-in webhook plus SCHEDULER_HANDLER_MODULES
+    (comma-separated; the tests use `tests.handlers`)."""
+    from django.conf import settings
+
+    configured = getattr(settings, "SCHEDULER_HANDLER_MODULES", None)
+    if configured is None:
+        configured = os.environ.get("SCHEDULER_HANDLER_MODULES", "")
+    if isinstance(configured, str):
+        configured = configured.split(",")
+    return ["dispatch.webhook", *(name.strip() for name in configured if name.strip())]
+
+
+def celery_defaults() -> dict[str, Any]:
+    """Evaluated lazily by Celery (app.add_defaults), after Django's settings are loaded."""
+    from dispatch.queues import STRICT_QUEUE
+
+    return {
+        "task_queues": task_queues(),
+        "task_default_queue": STRICT_QUEUE,
+        "task_default_exchange": "",
+        "task_default_routing_key": STRICT_QUEUE,
+        # A message is acknowledged only after its envelope is done; a worker killed mid-envelope gets it
+        # redelivered, and the redelivery re-offers only occurrences that are not terminal.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        # Each envelope carries up to 100 occurrences and occupies a process until all are done: reserving
+        # more would park envelopes behind a slow one while other workers idle.
+        "worker_prefetch_multiplier": 1,
+        # Keep Django's LOGGING (one format, the `action` field) instead of Celery's own root handler.
+        "worker_hijack_root_logger": False,
+        # Imported by the worker at start, so every handler the schedules name is registered before the first
+        # message (dispatch.tasks registers the task; autodiscovery finds it too).
+        "imports": ("dispatch.tasks", *handler_modules()),
+    }

@@ -1,0 +1,282 @@
+"""The Celery task of the data plane: run one envelope's occurrences through the worker service, in parallel."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from celery import shared_task
+from celery.exceptions import InvalidTaskError, Reject
+from celery.signals import task_rejected, task_unknown, worker_process_shutdown, worker_shutdown
+from celery.worker.strategy import default as default_strategy
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connection, connections
+from prometheus_client import Counter as MetricCounter
+
+from dispatch import worker
+from dispatch.envelopes import RUN_ENVELOPE_TASK, MalformedEnvelope, decode_content
+from dispatch.timer import PriorityTimer, TimerClosed
+from scheduler_project.env import env_int
+
+logger = logging.getLogger(__name__)
+
+# Pause before handing an envelope back to the broker after a database failure, so a database outage does not
+# turn into a hot redelivery loop.
+REQUEUE_PAUSE_SECONDS = 1.0
+
+DROPPED_MESSAGES = MetricCounter("scheduler_worker_dropped_messages", "Messages logged and dropped.", ["reason"])
+
+
+def worker_threads() -> int:
+    """SCHEDULER_WORKER_THREADS: occurrences of one process run at once (each thread holds a DB connection)."""
+    value = getattr(settings, "SCHEDULER_WORKER_THREADS", None)
+    return int(value) if value is not None else env_int("SCHEDULER_WORKER_THREADS", 8, minimum=1, maximum=256)
+
+
+def guarded_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Any:
+    """Celery's default strategy, after a check of the message's shape.
+
+    Celery unpacks a protocol-2 body as [args, kwargs, embed] in the consumer itself, outside its error handling:
+    a body such as `"text"` or `{}` raises there, which Celery treats as unrecoverable and stops the whole worker.
+    Such a message is refused here as an invalid task instead: Celery logs it and rejects it (dropped).
+    """
+    handle = default_strategy(task, app, consumer, **options)
+
+    def task_message_handler(message: Any, body: Any, *args: Any, **kwargs: Any) -> Any:
+        if body is None:  # protocol 2: Celery decodes the body lazily; a DecodeError here is handled by Celery
+            _check_task_message(message.headers or {}, message.payload)
+        return handle(message, body, *args, **kwargs)
+
+    return task_message_handler
+
+
+def _check_task_message(headers: dict[str, Any], payload: Any) -> None:
+    if not headers.get("id"):
+        raise InvalidTaskError("task message without an id header")
+    timelimit = headers.get("timelimit")
+    if timelimit is not None and not (
+        isinstance(timelimit, list | tuple)
+        and len(timelimit) == 2
+        and all(t is None or (isinstance(t, int | float) and not isinstance(t, bool)) for t in timelimit)
+    ):
+        raise InvalidTaskError(f"bad timelimit header {timelimit!r}")
+    if not (isinstance(payload, list | tuple) and len(payload) == 3):
+        raise InvalidTaskError(f"body is not [args, kwargs, embed]: {str(payload)[:200]!r}")
+    args, kwargs, embed = payload
+    if not isinstance(args, list | tuple) or not isinstance(kwargs, dict) or not isinstance(embed, dict | None):
+        raise InvalidTaskError(f"body is not [args, kwargs, embed]: {str(payload)[:200]!r}")
+    for key in ("callbacks", "errbacks", "chain"):
+        if not isinstance((embed or {}).get(key), list | None):
+            raise InvalidTaskError(f"bad {key} in the body: {str(embed)[:200]!r}")
+    if not isinstance((embed or {}).get("chord"), dict | None):
+        raise InvalidTaskError(f"bad chord in the body: {str(embed)[:200]!r}")
+
+
+@shared_task(
+    name=RUN_ENVELOPE_TASK,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    Strategy=f"{__name__}:guarded_strategy",
+)
+def run_envelope(self, envelope: Any = None, *unexpected_args: Any, **unexpected_kwargs: Any) -> dict[str, int]:
+    """Decode the envelope, run each occurrence (claim → handler → complete), return the outcome counts.
+
+    Returns only when every occurrence is finished, so the message is acknowledged after the work (acks_late).
+    A message that is not an envelope is logged and dropped, never raised: raising would only fail it the same way
+    again. A database failure hands the whole envelope back to the broker; the redelivery re-offers only the
+    occurrences that are not terminal yet.
+    """
+    try:
+        if unexpected_args or unexpected_kwargs:
+            raise MalformedEnvelope(
+                f"expected one envelope argument, got {1 + len(unexpected_args)} and {len(unexpected_kwargs)} keyword"
+            )
+        pairs = decode_content(envelope)
+    except MalformedEnvelope as exc:
+        DROPPED_MESSAGES.labels("malformed_envelope").inc()
+        logger.error(
+            "dropped malformed envelope (task %s): %s",
+            self.request.id,
+            exc,
+            extra={"action": "malformed_envelope"},
+        )
+        return {}
+    worker_name = f"{self.request.hostname or socket.gethostname()}/{os.getpid()}"
+    outcomes = envelope_runner().run(pairs, worker_name)
+    retry = outcomes.get("db_error", 0) + outcomes.get("not_run", 0)
+    if retry:
+        logger.error(
+            "envelope %s: %d of %d occurrences not processed; handing it back to the broker",
+            self.request.id,
+            retry,
+            len(pairs),
+            extra={"action": "envelope_requeue"},
+        )
+        time.sleep(REQUEUE_PAUSE_SECONDS)
+        raise Reject("database unavailable", requeue=True)
+    logger.info(
+        "envelope %s done: %s",
+        self.request.id,
+        dict(outcomes),
+        extra={"action": "envelope_done"},
+    )
+    return dict(outcomes)
+
+
+class _Batch:
+    """The occurrences of one envelope in flight on the shared timer; the task waits for all of them."""
+
+    def __init__(self, task_ids: list[tuple[str, int]]) -> None:
+        self.pending = set(task_ids)
+        self.outcomes: Counter[str] = Counter()
+        self.cond = threading.Condition()
+
+    def done(self, task_id: tuple[str, int], outcome: str) -> None:
+        with self.cond:
+            if task_id in self.pending:
+                self.pending.discard(task_id)
+                self.outcomes[outcome] += 1
+                self.cond.notify_all()
+
+
+class EnvelopeRunner:
+    """A process-wide PriorityTimer: its threads, and the database connection each of them keeps, serve every
+    envelope of the process instead of being created per envelope. Each occurrence gets the timer's cancel
+    event, which the worker service hands to the handler."""
+
+    def __init__(self, workers: int) -> None:
+        self.timer = PriorityTimer(workers=workers)
+        self.timer.start()
+        self._connections: list[Any] = []
+        self._lock = threading.Lock()
+
+    def run(self, pairs: list[tuple[uuid.UUID, datetime]], worker_name: str) -> Counter[str]:
+        token = uuid.uuid4().hex  # task ids unique per delivery: a duplicate envelope must not replace this one's
+        batch = _Batch([(token, index) for index in range(len(pairs))])
+        for index, (occurrence_id, scheduled_for) in enumerate(pairs):
+            task_id = (token, index)
+            run = partial(self._run_one, batch, task_id, occurrence_id, scheduled_for, worker_name)
+            try:
+                # Due now; equal times run in envelope order (the timer's submission sequence).
+                self.timer.schedule(task_id, time.monotonic(), 0, run)
+            except TimerClosed:
+                batch.done(task_id, "not_run")
+        with batch.cond:
+            while batch.pending:
+                if not batch.cond.wait(timeout=1.0):
+                    # A closing timer cancels what it has not started; those will never report back.
+                    for task_id in list(batch.pending):
+                        if self.timer.state(task_id) == "cancelled":
+                            batch.pending.discard(task_id)
+                            batch.outcomes["not_run"] += 1
+        return batch.outcomes
+
+    def _run_one(
+        self,
+        batch: _Batch,
+        task_id: tuple[str, int],
+        occurrence_id: uuid.UUID,
+        scheduled_for: datetime,
+        worker_name: str,
+        cancel_event: threading.Event,
+    ) -> None:
+        outcome = "error"
+        try:
+            close_old_connections()
+            self._remember_connection()
+            outcome = worker.process_occurrence(occurrence_id, scheduled_for, worker_name, cancel_event)
+        except DatabaseError:
+            logger.exception(
+                "database error processing occurrence %s",
+                occurrence_id,
+                extra={"action": "occurrence_db_error", "occurrence_id": str(occurrence_id)},
+            )
+            outcome = "db_error"
+            connection.close()
+        except Exception:
+            # A bug, not an outage: redelivering would fail the same way; the reconciler reports the occurrence.
+            logger.exception(
+                "error processing occurrence %s",
+                occurrence_id,
+                extra={"action": "occurrence_error", "occurrence_id": str(occurrence_id)},
+            )
+        finally:
+            batch.done(task_id, outcome)
+
+    def _remember_connection(self) -> None:
+        own = connections[DEFAULT_DB_ALIAS]  # this thread's wrapper (django.db.connection is a per-thread proxy)
+        with self._lock:
+            if own not in self._connections:
+                # Closed by the thread that shuts the runner down, once the timer threads are gone.
+                own.inc_thread_sharing()
+                self._connections.append(own)
+
+    def close(self) -> None:
+        self.timer.close(wait=True)
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            conn.close()
+            conn.dec_thread_sharing()
+
+
+_runner: EnvelopeRunner | None = None
+_runner_pid: int | None = None
+_runner_lock = threading.Lock()
+
+
+def envelope_runner() -> EnvelopeRunner:
+    """This process's runner, created on first use (in a prefork child, after the fork)."""
+    global _runner, _runner_pid
+    with _runner_lock:
+        if _runner is None or _runner_pid != os.getpid():
+            _runner, _runner_pid = EnvelopeRunner(worker_threads()), os.getpid()
+        return _runner
+
+
+def shutdown() -> None:
+    """Finish running occurrences, stop the threads and close their connections (worker exit, test teardown)."""
+    global _runner
+    with _runner_lock:
+        runner, _runner = _runner, None
+    if runner is not None and _runner_pid == os.getpid():
+        runner.close()
+    worker.stop_heartbeats()
+
+
+@worker_process_shutdown.connect
+def _on_process_shutdown(**_: Any) -> None:
+    shutdown()
+
+
+@worker_shutdown.connect
+def _on_worker_shutdown(**_: Any) -> None:
+    shutdown()
+
+
+@task_unknown.connect
+def _on_unknown_task(name: str | None = None, **kwargs: Any) -> None:
+    # Celery has already logged the body and rejected the message (dropped: our queues have no dead-letter exchange).
+    DROPPED_MESSAGES.labels("unknown_task").inc()
+    logger.error("dropped message of unknown task %r (id %s)", name, kwargs.get("id"), extra={"action": "unknown_task"})
+
+
+@task_rejected.connect
+def _on_rejected(message: Any = None, exc: Exception | None = None, **_: Any) -> None:
+    # Celery has already logged the message (and, for a decodable one, why it is no task) and rejected it.
+    DROPPED_MESSAGES.labels("invalid_message").inc()
+    logger.error(
+        "dropped a message that is not a task: %s",
+        exc if exc is not None else "no task header",
+        extra={"action": "invalid_message"},
+    )

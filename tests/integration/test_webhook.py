@@ -1,0 +1,244 @@
+"""The built-in webhook handler against a real HTTP server on 127.0.0.1, through claim → run → complete."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+import dispatch.webhook  # noqa: F401 - registers the "webhook" handler
+from dispatch.identity import occurrence_id_for, utc_key
+from dispatch.models import Attempt, Occurrence, OccurrenceState
+from dispatch.worker import claim, complete, run_claimed
+from schedules import services
+from schedules.clock import db_now
+
+BASE = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=5)
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    delay: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+class Target:
+    """A local HTTP server that answers with scripted replies (200 once the script is used up) and records
+    every request it receives."""
+
+    def __init__(self) -> None:
+        self.replies: deque[Reply] = deque()
+        self.received: list[Received] = []
+        self.stop = threading.Event()
+        target = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                target.received.append(Received("POST", self.path, dict(self.headers), json.loads(raw or b"null")))
+                reply = target.replies.popleft() if target.replies else Reply()
+                if reply.delay and target.stop.wait(reply.delay):
+                    return
+                self.send_response(reply.status)
+                for name, value in reply.headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+
+    def script(self, *replies: Reply | int) -> None:
+        self.replies.extend(r if isinstance(r, Reply) else Reply(r) for r in replies)
+
+
+@pytest.fixture
+def target() -> Iterator[Target]:
+    server = Target()
+    server.thread.start()
+    try:
+        yield server
+    finally:
+        server.stop.set()
+        server.server.shutdown()
+        server.server.server_close()
+
+
+@pytest.fixture
+def tenant(tenant_a):
+    return tenant_a.tenant
+
+
+def webhook_occurrence(tenant, payload: dict[str, Any], **fields: Any) -> Occurrence:
+    schedule, _ = services.create_schedule(
+        tenant=tenant,
+        data={
+            "name": f"hook-{uuid.uuid4().hex[:8]}",
+            "kind": "cron",
+            "cron": "* * * * *",
+            "handler": "webhook",
+            "payload": payload,
+            **fields,
+        },
+        actor="test",
+    )
+    return Occurrence.objects.create(
+        occurrence_id=occurrence_id_for(schedule.id, schedule.version, BASE),
+        schedule=schedule,
+        tenant_id=schedule.tenant_id,
+        schedule_version=schedule.version,
+        scheduled_for=BASE,
+        available_at=BASE,
+        lane=schedule.lane,
+        state=OccurrenceState.ENQUEUED,
+    )
+
+
+def deliver(occurrence: Occurrence, now: datetime | None = None) -> str:
+    """One delivery through the worker service (no heartbeat thread: these tests roll back their rows)."""
+    claimed = claim(occurrence.occurrence_id, occurrence.scheduled_for, "test-worker", now=now)
+    assert claimed is not None
+    return complete(claimed, run_claimed(claimed, heartbeat=False), now=now)
+
+
+def last_attempt(occurrence: Occurrence) -> Attempt:
+    return Attempt.objects.filter(occurrence_id=occurrence.occurrence_id).order_by("-generation").first()
+
+
+def test_the_webhook_posts_the_body_with_the_occurrence_id_as_idempotency_key(tenant, target):
+    occurrence = webhook_occurrence(tenant, {"url": f"{target.url}/hook?x=1", "body": {"report": "daily", "n": 1}})
+
+    assert deliver(occurrence) == OccurrenceState.SUCCEEDED
+
+    (request,) = target.received
+    assert (request.method, request.path, request.body) == ("POST", "/hook?x=1", {"report": "daily", "n": 1})
+    assert request.headers["Idempotency-Key"] == str(occurrence.occurrence_id)
+    assert request.headers["Content-Type"] == "application/json"
+    assert request.headers["X-Scheduled-For"] == utc_key(occurrence.scheduled_for)
+
+
+def test_without_a_body_the_payload_minus_its_control_keys_is_posted(tenant, target):
+    occurrence = webhook_occurrence(tenant, {"url": target.url, "timeout_seconds": 5, "customer": 42, "tags": ["a"]})
+
+    assert deliver(occurrence) == OccurrenceState.SUCCEEDED
+
+    assert target.received[0].body == {"customer": 42, "tags": ["a"]}
+
+
+def test_a_500_then_a_200_retries_then_succeeds_with_the_same_idempotency_key(tenant, target):
+    target.script(500, 200)
+    occurrence = webhook_occurrence(tenant, {"url": target.url, "body": {}})
+    now = db_now()
+
+    assert deliver(occurrence, now=now) == OccurrenceState.RETRY_WAIT
+    assert last_attempt(occurrence).error_class == "transient"
+    assert "answered 500" in last_attempt(occurrence).error
+    occurrence.refresh_from_db()
+    assert deliver(occurrence, now=occurrence.available_at) == OccurrenceState.SUCCEEDED
+
+    assert [r.headers["Idempotency-Key"] for r in target.received] == [str(occurrence.occurrence_id)] * 2
+    assert [r.headers["X-Attempt"] for r in target.received] == ["1", "2"]
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 410, 422])
+def test_a_4xx_goes_dead_without_a_retry(tenant, target, status):
+    target.script(status)
+    occurrence = webhook_occurrence(tenant, {"url": target.url})
+
+    assert deliver(occurrence) == OccurrenceState.DEAD
+
+    attempt = last_attempt(occurrence)
+    assert (attempt.outcome, attempt.error_class) == ("failed", "permanent")
+    assert f"answered {status}" in attempt.error
+    assert len(target.received) == 1
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 502, 503])
+def test_408_429_and_5xx_are_transient(tenant, target, status):
+    target.script(status)
+    occurrence = webhook_occurrence(tenant, {"url": target.url})
+
+    assert deliver(occurrence) == OccurrenceState.RETRY_WAIT
+    assert last_attempt(occurrence).error_class == "transient"
+
+
+def test_retry_after_is_a_floor_for_the_backoff(tenant, target):
+    target.script(Reply(429, headers={"Retry-After": "120"}))
+    occurrence = webhook_occurrence(tenant, {"url": target.url})
+    now = db_now()
+
+    assert deliver(occurrence, now=now) == OccurrenceState.RETRY_WAIT
+
+    occurrence.refresh_from_db()
+    assert occurrence.available_at >= now + timedelta(seconds=120)
+
+
+def test_a_timeout_is_transient(tenant, target):
+    target.script(Reply(200, delay=5))
+    occurrence = webhook_occurrence(tenant, {"url": target.url, "timeout_seconds": 0.3})
+
+    assert deliver(occurrence) == OccurrenceState.RETRY_WAIT
+
+    attempt = last_attempt(occurrence)
+    assert attempt.error_class == "transient"
+    assert "timed out" in attempt.error
+
+
+def test_a_refused_connection_is_transient(tenant):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again at once: nothing listens there
+    occurrence = webhook_occurrence(tenant, {"url": f"http://127.0.0.1:{port}/"})
+
+    assert deliver(occurrence) == OccurrenceState.RETRY_WAIT
+    assert last_attempt(occurrence).error_class == "transient"
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://example.com/x", "http://", "not a url", None])
+def test_a_url_that_is_not_http_is_refused_as_permanent(tenant, url):
+    payload = {"url": url} if url is not None else {}
+    occurrence = webhook_occurrence(tenant, payload)
+
+    assert deliver(occurrence) == OccurrenceState.DEAD
+    assert last_attempt(occurrence).error_class == "permanent"
+
+
+def test_a_redirect_is_not_followed(tenant, target):
+    target.script(Reply(302, headers={"Location": f"{target.url}/elsewhere"}))
+    occurrence = webhook_occurrence(tenant, {"url": target.url})
+
+    assert deliver(occurrence) == OccurrenceState.DEAD
+
+    assert [r.path for r in target.received] == ["/"]
+
+
+def test_an_absurd_timeout_is_capped_and_a_bad_one_refused(tenant, target):
+    capped = webhook_occurrence(tenant, {"url": target.url, "timeout_seconds": 3600})
+    assert deliver(capped) == OccurrenceState.SUCCEEDED
+
+    refused = webhook_occurrence(tenant, {"url": target.url, "timeout_seconds": "soon"})
+    assert deliver(refused) == OccurrenceState.DEAD

@@ -1,0 +1,675 @@
+"""The worker service on the real database: claims, fencing, retries, overlap, cancel races, heartbeat, reaper."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.db.models import F
+from prometheus_client import REGISTRY
+
+from dispatch import tasks, worker
+from dispatch.envelopes import BODY_VERSION
+from dispatch.identity import occurrence_id_for, utc_key
+from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
+from dispatch.worker import Claim, claim, complete, reap_expired_leases, run_claimed, try_claim
+from schedules import services
+from schedules.clock import db_now
+from schedules.models import Schedule, ScheduleState
+from tests import handlers as test_handlers
+from tests.handlers import effects, ensure_effects_table
+
+WORKER = "test-worker"
+# Fires of the recent past: the materializer would have produced them; any partition (or DEFAULT) takes them.
+BASE = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=30)
+
+
+# --- fixtures and helpers -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tenant(tenant_a):
+    return tenant_a.tenant
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _stop_worker_threads() -> Iterator[None]:
+    """The envelope runner and the heartbeat keep threads (and connections) per process: end them with the module,
+    or the test database could not be dropped at the end of the session."""
+    yield
+    tasks.shutdown()
+
+
+@pytest.fixture
+def committed(transactional_db, tenant_a):
+    """Committed rows, which other threads and processes see; the transactional test's flush removes them."""
+    ensure_effects_table()
+    return tenant_a.tenant
+
+
+def make_schedule(tenant, handler: str = "noop", **fields: Any) -> Schedule:
+    data = {"name": f"worker-{uuid.uuid4().hex[:8]}", "kind": "cron", "cron": "* * * * *", "handler": handler}
+    schedule, _ = services.create_schedule(tenant=tenant, data={**data, **fields}, actor="test")
+    return schedule
+
+
+def add_occurrence(
+    schedule: Schedule, *, minute: int = 0, state: str = OccurrenceState.ENQUEUED, **fields: Any
+) -> Occurrence:
+    at = BASE + timedelta(minutes=minute)
+    return Occurrence.objects.create(
+        occurrence_id=occurrence_id_for(schedule.id, schedule.version, at),
+        schedule=schedule,
+        tenant_id=schedule.tenant_id,
+        schedule_version=schedule.version,
+        scheduled_for=at,
+        available_at=at,
+        lane=schedule.lane,
+        priority=schedule.priority,
+        state=state,
+        **fields,
+    )
+
+
+def claim_of(occurrence: Occurrence, now: datetime | None = None) -> Claim | None:
+    return claim(occurrence.occurrence_id, occurrence.scheduled_for, WORKER, now=now)
+
+
+def run_and_complete(claimed: Claim, now: datetime | None = None, *, heartbeat: bool = False) -> str:
+    return complete(claimed, run_claimed(claimed, heartbeat=heartbeat), now=now)
+
+
+def state_of(occurrence: Occurrence) -> str:
+    occurrence.refresh_from_db()
+    return occurrence.state
+
+
+def attempts_of(occurrence: Occurrence) -> list[tuple[int, str, str]]:
+    return list(
+        Attempt.objects.filter(occurrence_id=occurrence.occurrence_id)
+        .order_by("generation")
+        .values_list("generation", "outcome", "error_class")
+    )
+
+
+def envelopes_for(occurrence: Occurrence) -> int:
+    return OutboxMessage.objects.filter(occurrence_ids__contains=[occurrence.occurrence_id]).count()
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def calls_of(occurrence: Occurrence) -> list[Any]:
+    """Handler contexts this process passed for the occurrence (tests.handlers records them)."""
+    return [c for c in list(test_handlers.CALLS) if c.occurrence_id == occurrence.occurrence_id]
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def in_threads(*targets: Callable[[], Any]) -> list[Any]:
+    """Run the targets at once (a barrier lines them up) and return their results; each thread closes its own
+    database connection."""
+    barrier = threading.Barrier(len(targets))
+    results: list[Any] = [None] * len(targets)
+    errors: list[BaseException] = []
+
+    def body(index: int, target: Callable[[], Any]) -> None:
+        try:
+            barrier.wait(timeout=10)
+            results[index] = target()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=body, args=(i, t)) for i, t in enumerate(targets)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors, errors
+    return results
+
+
+# --- claim, run, complete ---------------------------------------------------------------------------------------
+
+
+def test_a_claimed_occurrence_runs_its_handler_once_and_succeeds(tenant):
+    ensure_effects_table()
+    occurrence = add_occurrence(make_schedule(tenant, handler="effect", payload={"k": "v"}))
+
+    claimed = claim_of(occurrence)
+    assert claimed is not None
+    assert (claimed.generation, claimed.payload, claimed.handler) == (1, {"k": "v"}, "effect")
+    assert state_of(occurrence) == OccurrenceState.RUNNING
+    assert occurrence.lease_expires_at > occurrence.scheduled_for
+
+    assert run_and_complete(claimed) == OccurrenceState.SUCCEEDED
+
+    assert state_of(occurrence) == OccurrenceState.SUCCEEDED
+    assert occurrence.finished_at is not None and occurrence.lease_expires_at is None
+    assert attempts_of(occurrence) == [(1, "succeeded", "")]
+    assert effects() == {occurrence.occurrence_id: 1}
+
+
+def test_a_scheduled_occurrence_not_yet_settled_by_the_relay_is_claimable(tenant):
+    occurrence = add_occurrence(make_schedule(tenant, handler="noop"), state=OccurrenceState.SCHEDULED)
+
+    assert claim_of(occurrence) is not None
+
+
+def test_a_duplicate_delivery_of_a_running_occurrence_is_dropped_and_counted(tenant):
+    occurrence = add_occurrence(make_schedule(tenant))
+    before = metric("scheduler_worker_claim_drops_total", reason="duplicate")
+    assert claim_of(occurrence) is not None
+
+    duplicate = try_claim(occurrence.occurrence_id, occurrence.scheduled_for, WORKER)
+
+    assert duplicate == worker.Drop("duplicate", OccurrenceState.RUNNING)
+    assert metric("scheduler_worker_claim_drops_total", reason="duplicate") == before + 1
+    assert attempts_of(occurrence) == [(1, "", "")]
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        OccurrenceState.SUCCEEDED,
+        OccurrenceState.DEAD,
+        OccurrenceState.MISSED,
+        OccurrenceState.CANCELED,
+        OccurrenceState.SKIPPED_OVERLAP,
+    ],
+)
+def test_a_delivery_of_a_terminal_occurrence_is_dropped_and_changes_nothing(tenant, state):
+    occurrence = add_occurrence(make_schedule(tenant), state=state)
+
+    assert try_claim(occurrence.occurrence_id, occurrence.scheduled_for, WORKER) == worker.Drop("terminal", state)
+    assert state_of(occurrence) == state
+    assert attempts_of(occurrence) == []
+
+
+def test_a_delivery_of_an_unknown_occurrence_is_dropped(tenant):
+    outcome = try_claim(uuid.uuid4(), BASE, WORKER)
+
+    assert outcome == worker.Drop("unknown", None)
+
+
+def test_a_retry_delivered_before_its_time_is_an_early_duplicate_and_dropped(tenant):
+    now = db_now()
+    occurrence = add_occurrence(make_schedule(tenant), state=OccurrenceState.RETRY_WAIT, attempt_count=1)
+    Occurrence.objects.filter(pk=occurrence.pk).update(available_at=now + timedelta(seconds=60))
+
+    assert try_claim(occurrence.occurrence_id, occurrence.scheduled_for, WORKER, now=now).reason == "early"
+    claimed = claim_of(occurrence, now=now + timedelta(seconds=60))
+    assert claimed is not None and claimed.generation == 2
+
+
+def test_an_old_generation_is_fenced_after_its_lease_expired_and_a_new_attempt_claimed(tenant, settings):
+    settings.SCHEDULER_WORKER_LEASE_SECONDS = 30
+    ensure_effects_table()
+    occurrence = add_occurrence(make_schedule(tenant, handler="effect"))
+    now = db_now()
+    first = claim_of(occurrence, now=now)
+    assert claim_of(occurrence, now=now + timedelta(seconds=29)) is None  # lease still live: a duplicate
+
+    second = claim_of(occurrence, now=now + timedelta(seconds=31))
+    assert second is not None and second.generation == 2
+
+    assert complete(first, worker.RunResult("succeeded"), now=now + timedelta(seconds=32)) == "fenced"
+    assert state_of(occurrence) == OccurrenceState.RUNNING
+    assert occurrence.attempt_count == 2
+    assert run_and_complete(second) == OccurrenceState.SUCCEEDED
+    assert attempts_of(occurrence) == [(1, "fenced", ""), (2, "succeeded", "")]
+    assert effects() == {occurrence.occurrence_id: 1}
+
+
+def test_a_fenced_attempt_does_not_run_its_handler(tenant):
+    ensure_effects_table()
+    occurrence = add_occurrence(make_schedule(tenant, handler="effect"))
+    now = db_now()
+    first = claim_of(occurrence, now=now)
+    assert claim_of(occurrence, now=now + timedelta(hours=1)) is not None
+
+    result = run_claimed(first, heartbeat=False)
+
+    assert result.outcome == "fenced"
+    assert effects() == {}
+
+
+def test_transient_failures_back_off_with_full_jitter_up_to_max_attempts_then_dead(tenant, settings):
+    settings.SCHEDULER_RETRY_BASE_SECONDS = 10
+    settings.SCHEDULER_RETRY_CAP_SECONDS = 25
+    occurrence = add_occurrence(make_schedule(tenant, handler="fail_transient", max_attempts=3))
+    now = db_now()
+
+    for attempt, ceiling in ((1, 10), (2, 20)):
+        claimed = claim_of(occurrence, now=now)
+        assert claimed.generation == attempt
+        assert run_and_complete(claimed, now=now) == OccurrenceState.RETRY_WAIT
+        occurrence.refresh_from_db()
+        assert occurrence.lease_expires_at is None and occurrence.finished_at is None
+        assert now <= occurrence.available_at <= now + timedelta(seconds=ceiling)
+        assert envelopes_for(occurrence) == attempt  # each retry travels in a new envelope
+        now = occurrence.available_at
+
+    last = claim_of(occurrence, now=now)
+    assert run_and_complete(last, now=now) == OccurrenceState.DEAD
+
+    assert state_of(occurrence) == OccurrenceState.DEAD
+    assert occurrence.finished_at == now
+    assert attempts_of(occurrence) == [(n, "failed", "transient") for n in (1, 2, 3)]
+    assert Attempt.objects.get(occurrence_id=occurrence.occurrence_id, generation=3).error == (
+        "TransientError: attempt 3 fails on purpose"
+    )
+    assert envelopes_for(occurrence) == 2
+
+
+def test_the_backoff_ceiling_doubles_per_attempt_up_to_the_cap():
+    class Top:
+        @staticmethod
+        def uniform(low: float, high: float) -> float:
+            return high
+
+    ceilings = [worker.retry_backoff(n, base=1, cap=300, rng=Top()) for n in (1, 2, 3, 9, 10, 20)]
+
+    assert ceilings == [1, 2, 4, 256, 300, 300]
+
+
+def test_a_handler_that_fails_then_succeeds_has_one_effect_after_its_retries(tenant, settings):
+    settings.SCHEDULER_RETRY_BASE_SECONDS = 0
+    ensure_effects_table()
+    occurrence = add_occurrence(make_schedule(tenant, handler="fail_then_succeed", payload={"failures": 2}))
+
+    outcomes = [run_and_complete(claim_of(occurrence)) for _ in range(3)]
+
+    assert outcomes == [OccurrenceState.RETRY_WAIT, OccurrenceState.RETRY_WAIT, OccurrenceState.SUCCEEDED]
+    assert attempts_of(occurrence) == [(1, "failed", "transient"), (2, "failed", "transient"), (3, "succeeded", "")]
+    assert effects() == {occurrence.occurrence_id: 1}
+
+
+def test_an_unexpected_exception_is_retried_as_transient(tenant):
+    occurrence = add_occurrence(make_schedule(tenant, handler="crash"))
+
+    assert run_and_complete(claim_of(occurrence)) == OccurrenceState.RETRY_WAIT
+    assert attempts_of(occurrence) == [(1, "failed", "transient")]
+
+
+def test_a_permanent_error_goes_dead_at_once_with_attempts_left(tenant):
+    occurrence = add_occurrence(make_schedule(tenant, handler="fail_permanent", max_attempts=5))
+
+    assert run_and_complete(claim_of(occurrence)) == OccurrenceState.DEAD
+
+    assert attempts_of(occurrence) == [(1, "failed", "permanent")]
+    assert envelopes_for(occurrence) == 0
+
+
+def test_an_unknown_handler_goes_dead(tenant):
+    schedule = make_schedule(tenant)
+    # The control plane refuses unknown names; a handler module missing on this worker looks the same.
+    Schedule.objects.filter(pk=schedule.pk).update(handler="not_deployed_here")
+    occurrence = add_occurrence(schedule)
+
+    assert run_and_complete(claim_of(occurrence)) == OccurrenceState.DEAD
+    assert Attempt.objects.get(occurrence_id=occurrence.occurrence_id).error == "unknown handler 'not_deployed_here'"
+
+
+def test_the_handler_receives_its_context(tenant):
+    schedule = make_schedule(tenant, handler="sleep", payload={"seconds": 0})
+    occurrence = add_occurrence(schedule)
+    claimed = claim_of(occurrence)
+
+    run_and_complete(claimed)
+
+    (context,) = calls_of(occurrence)
+    assert (context.schedule_id, context.tenant_id, context.scheduled_for) == (
+        schedule.id,
+        tenant.id,
+        occurrence.scheduled_for,
+    )
+    assert (context.attempt, context.payload, context.handler) == (1, {"seconds": 0}, "sleep")
+    assert not context.cancel_event.is_set()
+    assert context.deadline > claimed.claimed_at
+    assert 0 < context.seconds_left() <= worker.handler_timeout_seconds()
+
+
+# --- version re-check and cancel -----------------------------------------------------------------------------
+
+
+def test_a_claim_cancels_an_occurrence_whose_schedule_was_canceled(tenant):
+    schedule = make_schedule(tenant)
+    occurrence = add_occurrence(schedule)
+    # As if the cancel's invalidation had not reached this row (e.g. the occurrence was inserted concurrently).
+    Schedule.objects.filter(pk=schedule.pk).update(state=ScheduleState.CANCELED)
+
+    assert try_claim(occurrence.occurrence_id, occurrence.scheduled_for, WORKER).reason == "schedule_changed"
+    assert state_of(occurrence) == OccurrenceState.CANCELED
+    assert attempts_of(occurrence) == []
+
+
+def test_a_claim_cancels_an_occurrence_of_an_older_schedule_version(tenant):
+    schedule = make_schedule(tenant)
+    occurrence = add_occurrence(schedule)
+    Schedule.objects.filter(pk=schedule.pk).update(version=F("version") + 1)
+
+    assert claim_of(occurrence) is None
+    assert state_of(occurrence) == OccurrenceState.CANCELED
+
+
+def test_a_cancel_between_claim_and_side_effect_wins(tenant):
+    ensure_effects_table()
+    schedule = make_schedule(tenant, handler="effect")
+    occurrence = add_occurrence(schedule)
+    claimed = claim_of(occurrence)
+
+    result = services.cancel_schedule(schedule, actor="test")
+    assert [i.occurrence_id for i in result.in_flight] == [occurrence.occurrence_id]
+
+    assert run_and_complete(claimed) == OccurrenceState.CANCELED
+    assert effects() == {}
+    assert attempts_of(occurrence) == [(1, "canceled", "")]
+
+
+def test_an_update_between_claim_and_side_effect_withdraws_the_old_version(tenant):
+    ensure_effects_table()
+    schedule = make_schedule(tenant, handler="effect")
+    occurrence = add_occurrence(schedule)
+    claimed = claim_of(occurrence)
+
+    services.update_schedule(schedule, {"priority": 5}, actor="test")
+
+    assert run_and_complete(claimed) == OccurrenceState.CANCELED
+    assert effects() == {}
+
+
+# --- overlap policies -------------------------------------------------------------------------------------------
+
+
+def test_skip_if_running_skips_an_occurrence_while_another_runs(tenant):
+    schedule = make_schedule(tenant, overlap_policy="skip_if_running")
+    first, second = add_occurrence(schedule, minute=0), add_occurrence(schedule, minute=1)
+    claimed = claim_of(first)
+
+    assert try_claim(second.occurrence_id, second.scheduled_for, WORKER).reason == "overlap_skipped"
+    assert state_of(second) == OccurrenceState.SKIPPED_OVERLAP
+    assert second.finished_at is not None
+
+    run_and_complete(claimed)
+    third = add_occurrence(schedule, minute=2)
+    assert claim_of(third) is not None
+
+
+def test_skip_if_running_ignores_a_predecessor_whose_lease_expired(tenant):
+    schedule = make_schedule(tenant, overlap_policy="skip_if_running")
+    first, second = add_occurrence(schedule, minute=0), add_occurrence(schedule, minute=1)
+    now = db_now()
+    claim_of(first, now=now)
+
+    assert claim_of(second, now=now + timedelta(hours=1)) is not None
+
+
+def test_queue_one_parks_one_occurrence_behind_a_running_one_and_skips_the_rest(tenant, settings):
+    settings.SCHEDULER_OVERLAP_RECHECK_SECONDS = 5
+    schedule = make_schedule(tenant, overlap_policy="queue_one")
+    first, second, third = (add_occurrence(schedule, minute=n) for n in range(3))
+    now = db_now()
+    running = claim_of(first, now=now)
+
+    assert try_claim(second.occurrence_id, second.scheduled_for, WORKER, now=now).reason == "overlap_waiting"
+    assert state_of(second) == OccurrenceState.RETRY_WAIT
+    assert (second.attempt_count, second.available_at) == (0, now + timedelta(seconds=5))
+    assert envelopes_for(second) == 1
+    assert try_claim(third.occurrence_id, third.scheduled_for, WORKER, now=now).reason == "overlap_skipped"
+    assert state_of(third) == OccurrenceState.SKIPPED_OVERLAP
+
+    # Rechecked while the predecessor still runs: it keeps waiting, with a new envelope.
+    later = now + timedelta(seconds=5)
+    assert try_claim(second.occurrence_id, second.scheduled_for, WORKER, now=later).reason == "overlap_waiting"
+    assert envelopes_for(second) == 2
+
+    complete(running, worker.RunResult("succeeded"), now=later)
+    claimed = claim_of(second, now=later + timedelta(seconds=5))
+    assert claimed is not None and claimed.generation == 1
+
+
+def test_skip_if_running_lets_exactly_one_of_two_concurrent_claims_run(committed):
+    for _ in range(5):
+        schedule = make_schedule(committed, overlap_policy="skip_if_running")
+        occurrences = [add_occurrence(schedule, minute=n) for n in range(2)]
+
+        claims = in_threads(*(lambda o=o: claim_of(o) for o in occurrences))
+
+        assert sum(c is not None for c in claims) == 1
+        assert Counter(state_of(o) for o in occurrences) == {
+            OccurrenceState.RUNNING: 1,
+            OccurrenceState.SKIPPED_OVERLAP: 1,
+        }
+
+
+def test_queue_one_under_concurrency_runs_one_parks_one_and_skips_one(committed):
+    for _ in range(3):
+        schedule = make_schedule(committed, overlap_policy="queue_one")
+        occurrences = [add_occurrence(schedule, minute=n) for n in range(3)]
+
+        in_threads(*(lambda o=o: claim_of(o) for o in occurrences))
+
+        assert Counter(state_of(o) for o in occurrences) == {
+            OccurrenceState.RUNNING: 1,
+            OccurrenceState.RETRY_WAIT: 1,
+            OccurrenceState.SKIPPED_OVERLAP: 1,
+        }
+
+
+def test_a_cancel_racing_a_claim_ends_canceled_and_unrun_or_running_and_reported_in_flight(committed):
+    seen = set()
+    for _ in range(8):
+        schedule = make_schedule(committed, handler="effect")
+        occurrence = add_occurrence(schedule)
+
+        claimed, canceled = in_threads(
+            lambda occurrence=occurrence: claim_of(occurrence),
+            lambda schedule=schedule: services.cancel_schedule(schedule, actor="test"),
+        )
+
+        in_flight = [i.occurrence_id for i in canceled.in_flight]
+        if claimed is None:
+            assert state_of(occurrence) == OccurrenceState.CANCELED
+            assert in_flight == []
+            seen.add("canceled")
+        else:
+            assert state_of(occurrence) == OccurrenceState.RUNNING
+            assert in_flight == [occurrence.occurrence_id]
+            # The re-check before the side effect still withdraws it.
+            assert run_and_complete(claimed) == OccurrenceState.CANCELED
+            seen.add("in_flight")
+    assert effects() == {}
+    assert seen  # which side wins is up to the scheduler of the machine; both are correct
+
+
+# --- heartbeat --------------------------------------------------------------------------------------------------
+
+
+def run_in_background(claimed: Claim) -> tuple[threading.Thread, dict[str, str]]:
+    result: dict[str, str] = {}
+
+    def body() -> None:
+        try:
+            result["outcome"] = run_and_complete(claimed, heartbeat=True)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    return thread, result
+
+
+def test_the_heartbeat_renews_the_lease_so_the_reaper_leaves_a_long_handler_alone(committed, settings):
+    settings.SCHEDULER_WORKER_LEASE_SECONDS = 1.5
+    occurrence = add_occurrence(make_schedule(committed, handler="sleep", payload={"seconds": 3, "effect": True}))
+    claimed = claim_of(occurrence)
+
+    thread, result = run_in_background(claimed)
+    reaped = 0
+    while thread.is_alive():
+        reaped += reap_expired_leases()
+        thread.join(timeout=0.2)
+
+    assert reaped == 0
+    assert result == {"outcome": OccurrenceState.SUCCEEDED}
+    attempt = Attempt.objects.get(occurrence_id=occurrence.occurrence_id)
+    assert attempt.heartbeat_at > attempt.started_at + timedelta(seconds=1)
+    assert effects() == {occurrence.occurrence_id: 1}
+
+
+def test_a_lost_lease_raises_the_cancel_event_and_the_late_completion_is_fenced(committed, settings):
+    settings.SCHEDULER_WORKER_LEASE_SECONDS = 1.5
+    occurrence = add_occurrence(make_schedule(committed, handler="sleep", payload={"seconds": 20, "effect": True}))
+    first = claim_of(occurrence)
+    thread, result = run_in_background(first)
+    wait_for(lambda: calls_of(occurrence))
+
+    # Another worker takes over, as if the lease had run out while this one was paused.
+    second = claim_of(occurrence, now=db_now() + timedelta(seconds=5))
+    thread.join(timeout=10)
+
+    assert not thread.is_alive()
+    assert result == {"outcome": "fenced"}
+    assert second is not None and state_of(occurrence) == OccurrenceState.RUNNING
+    assert attempts_of(occurrence) == [(1, "fenced", "transient"), (2, "", "")]
+    assert effects() == {}
+
+
+def test_a_schedule_canceled_while_its_handler_runs_cancels_the_handler(committed, settings):
+    settings.SCHEDULER_WORKER_LEASE_SECONDS = 1.5
+    schedule = make_schedule(committed, handler="sleep", payload={"seconds": 20, "effect": True})
+    occurrence = add_occurrence(schedule)
+    thread, result = run_in_background(claim_of(occurrence))
+    wait_for(lambda: calls_of(occurrence))
+
+    canceled = services.cancel_schedule(schedule, actor="test")
+    thread.join(timeout=10)
+
+    assert [i.occurrence_id for i in canceled.in_flight] == [occurrence.occurrence_id]
+    assert result == {"outcome": OccurrenceState.CANCELED}
+    assert attempts_of(occurrence) == [(1, "canceled", "")]
+    assert effects() == {}
+
+
+# --- reaper -----------------------------------------------------------------------------------------------------
+
+
+def test_the_reaper_returns_an_expired_lease_to_retry_wait_with_a_new_envelope(tenant, settings):
+    settings.SCHEDULER_WORKER_LEASE_SECONDS = 30
+    occurrence = add_occurrence(make_schedule(tenant))
+    now = db_now()
+    claim_of(occurrence, now=now)
+
+    assert reap_expired_leases(now=now + timedelta(seconds=29)) == 0
+    assert reap_expired_leases(now=now + timedelta(seconds=31)) >= 1
+
+    assert state_of(occurrence) == OccurrenceState.RETRY_WAIT
+    assert occurrence.available_at == now + timedelta(seconds=31)
+    assert occurrence.lease_expires_at is None
+    assert envelopes_for(occurrence) == 1
+    assert attempts_of(occurrence) == [(1, "expired", "transient")]
+    claimed = claim_of(occurrence, now=now + timedelta(seconds=32))
+    assert claimed is not None and claimed.generation == 2
+
+
+def test_the_reaper_sends_an_occurrence_without_attempts_left_to_dead(tenant):
+    occurrence = add_occurrence(make_schedule(tenant, max_attempts=1))
+    now = db_now()
+    claim_of(occurrence, now=now)
+
+    reap_expired_leases(now=now + timedelta(hours=1))
+
+    assert state_of(occurrence) == OccurrenceState.DEAD
+    assert envelopes_for(occurrence) == 0
+
+
+def test_the_reaper_cancels_an_expired_occurrence_whose_schedule_was_canceled(tenant):
+    schedule = make_schedule(tenant)
+    occurrence = add_occurrence(schedule)
+    now = db_now()
+    claim_of(occurrence, now=now)
+    services.cancel_schedule(schedule, actor="test")
+
+    reap_expired_leases(now=now + timedelta(hours=1))
+
+    assert state_of(occurrence) == OccurrenceState.CANCELED
+    assert envelopes_for(occurrence) == 0
+
+
+# --- the Celery task, called in-process ---------------------------------------------------------------------
+
+
+def envelope_of(*occurrences: Occurrence) -> dict[str, Any]:
+    return {
+        "v": BODY_VERSION,
+        "tenant_id": occurrences[0].tenant_id if occurrences else 0,
+        "queue": "scheduler.strict",
+        "occurrences": [[str(o.occurrence_id), utc_key(o.scheduled_for)] for o in occurrences],
+    }
+
+
+def test_the_task_runs_every_occurrence_of_an_envelope_and_drops_unknown_ones(committed):
+    schedule = make_schedule(committed, handler="effect")
+    occurrences = [add_occurrence(schedule, minute=n) for n in range(5)]
+    content = envelope_of(*occurrences)
+    content["occurrences"].append([str(uuid.uuid4()), utc_key(BASE)])
+
+    outcomes = tasks.run_envelope(content)
+
+    assert outcomes == {OccurrenceState.SUCCEEDED: 5, "dropped": 1}
+    assert {state_of(o) for o in occurrences} == {OccurrenceState.SUCCEEDED}
+    assert effects() == {o.occurrence_id: 1 for o in occurrences}
+    assert tasks.run_envelope(content) == {"dropped": 6}  # a redelivery re-offers nothing terminal
+
+
+def test_the_task_runs_the_occurrences_of_an_envelope_in_parallel(committed):
+    schedule = make_schedule(committed, handler="sleep", payload={"seconds": 1})
+    occurrences = [add_occurrence(schedule, minute=n) for n in range(6)]
+
+    started = db_now()
+    outcomes = tasks.run_envelope(envelope_of(*occurrences))
+    elapsed = (db_now() - started).total_seconds()
+
+    assert outcomes == {OccurrenceState.SUCCEEDED: 6}
+    assert elapsed < 3.5
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        None,
+        "garbage",
+        {"v": 99, "occurrences": []},
+        {"v": BODY_VERSION, "occurrences": "nope"},
+        {"v": BODY_VERSION, "occurrences": [["not-a-uuid", "2026-01-01T00:00:00.000000Z"]]},
+        {"v": BODY_VERSION, "occurrences": [[str(uuid.uuid4()), "yesterday"]]},
+    ],
+    ids=["none", "string", "version", "not-a-list", "bad-uuid", "bad-instant"],
+)
+def test_the_task_logs_and_drops_a_malformed_envelope_without_raising(content, caplog):
+    before = metric("scheduler_worker_dropped_messages_total", reason="malformed_envelope")
+
+    assert tasks.run_envelope(content) == {}
+
+    assert metric("scheduler_worker_dropped_messages_total", reason="malformed_envelope") == before + 1
+    assert any(r.action == "malformed_envelope" for r in caplog.records if hasattr(r, "action"))
+
+
+def test_the_task_drops_a_message_with_extra_arguments():
+    assert tasks.run_envelope({"v": BODY_VERSION, "occurrences": []}, "extra") == {}
