@@ -368,6 +368,23 @@ def test_a_claim_cancels_an_occurrence_of_an_older_schedule_version(tenant):
     assert state_of(occurrence) == OccurrenceState.CANCELED
 
 
+def test_a_forced_occurrence_of_an_older_version_runs_but_a_cancel_still_withdraws_it(tenant):
+    """Backfill and replay set `forced`: an operator asked for that very fire, so a newer version does not
+    withdraw it; a canceled schedule still does."""
+    schedule = make_schedule(tenant)
+    forced = add_occurrence(schedule, forced=True)
+    Schedule.objects.filter(pk=schedule.pk).update(version=F("version") + 1)
+
+    claimed = claim_of(forced)
+    assert claimed is not None
+    assert run_and_complete(claimed) == OccurrenceState.SUCCEEDED
+
+    another = add_occurrence(schedule, minute=1, forced=True)
+    Schedule.objects.filter(pk=schedule.pk).update(state=ScheduleState.CANCELED)
+    assert claim_of(another) is None
+    assert state_of(another) == OccurrenceState.CANCELED
+
+
 def test_a_cancel_between_claim_and_side_effect_wins(tenant):
     ensure_effects_table()
     schedule = make_schedule(tenant, handler="effect")
