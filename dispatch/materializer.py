@@ -59,6 +59,7 @@ class Materializer:
         self.clock = clock or db_now
         self.leases: dict[int, int] = {}  # shard -> generation granted to us
         self._next_maintenance = 0.0
+        self._rotation = 0
         self.stop = StopFlag()
 
     # --- leases ------------------------------------------------------------------------------------------------
@@ -131,12 +132,22 @@ class Materializer:
                 sql.CONFIRM_LEASES,
                 {"owner": self.name, "shards": list(self.leases), "generations": list(self.leases.values())},
             )
-            shards = [row[0] for row in cursor.fetchall()]
+            shards = sorted(row[0] for row in cursor.fetchall())
             if not shards:
                 return 0
+            # Rotate the starting shard every batch so a burst is drained evenly across shards.
+            self._rotation = (self._rotation + 1) % len(shards)
+            shards = shards[self._rotation :] + shards[: self._rotation]
+            # A shard may fill the whole batch: its rows come in index order and the scan stops at the limit.
+            per_shard = self.batch_size
             cursor.execute(
                 sql.SCAN_DUE_SCHEDULES,
-                {"shards": shards, "horizon_end": now + self.horizon, "limit": self.batch_size},
+                {
+                    "shards": shards,
+                    "horizon_end": now + self.horizon,
+                    "limit": self.batch_size,
+                    "per_shard": per_shard,
+                },
             )
             rows = cursor.fetchall()
             if not rows:

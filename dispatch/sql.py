@@ -72,21 +72,26 @@ FOR SHARE OF l
 
 # --- materialization -------------------------------------------------------------------------------------------
 
-# Served by the partial index schedule_due_by_shard (shard, next_run_at) WHERE state = 'active': idle schedules
-# (next_run_at far ahead) and inactive ones cost nothing. FOR UPDATE (not SKIP LOCKED on the index) would wait
-# on a row an API call is changing; SKIP LOCKED picks it up next batch instead.
+# One ordered index range per shard (schedule_due_by_shard: (shard, next_run_at) WHERE state = 'active'), read
+# through LATERAL with a per-shard LIMIT. A single `shard = ANY(...) ORDER BY next_run_at` looks simpler but makes
+# PostgreSQL read and sort every due row of every shard for each batch: quadratic in a top-of-hour burst (measured:
+# 500,000 due rows took over three minutes). Idle schedules (next_run_at far ahead) and inactive ones cost nothing.
+# SKIP LOCKED: a row an API call is changing is picked up next batch instead of waiting on it.
 SCAN_DUE_SCHEDULES = """
 SELECT s.id, s.tenant_id, s.kind, s.cron, s.run_at, s.timezone, s.version, s.next_run_at, s.lane,
        s.flexible_window_seconds, s.priority, s.misfire_policy, s.max_lateness_seconds, s.catchup_limit,
        t.max_catchup_per_minute
-FROM schedules_schedule AS s
+FROM unnest(%(shards)s::int[]) AS mine(shard)
+CROSS JOIN LATERAL (
+    SELECT * FROM schedules_schedule AS due
+    WHERE due.shard = mine.shard AND due.state = 'active' AND due.next_run_at IS NOT NULL
+      AND due.next_run_at <= %(horizon_end)s
+    ORDER BY due.next_run_at
+    LIMIT %(per_shard)s
+    FOR UPDATE SKIP LOCKED
+) AS s
 JOIN tenants_tenant AS t ON t.id = s.tenant_id
-WHERE s.shard = ANY(%(shards)s::int[])
-  AND s.state = 'active' AND s.next_run_at IS NOT NULL
-  AND s.next_run_at <= %(horizon_end)s
-ORDER BY s.next_run_at
 LIMIT %(limit)s
-FOR UPDATE OF s SKIP LOCKED
 """
 
 # ON CONFLICT DO NOTHING on the unique fire (schedule, version, scheduled_for): a second materializer during a
