@@ -166,35 +166,38 @@ class BurstBenchmark:
     def choose_t0(self) -> datetime:
         """The next minute boundary far enough ahead to create and materialize everything before it."""
         # Measured materialization: ~4,500 schedules/s per materializer on two cores, plus COPY of idle rows.
-        lead = 20 + self.config.schedules / (3000 * self.config.materializers) + self.config.idle / 50000
+        lead = 20 + self.config.schedules / (3000 * self.config.materializers)
         earliest = db_now() + timedelta(seconds=lead)
         return (earliest + timedelta(minutes=1)).replace(second=0, microsecond=0)
 
-    def copy_schedules(self, tenants: list[Tenant], t0: datetime) -> None:
-        """COPY due and idle schedules with their first version: N API calls would take an hour."""
-        cron_due = f"{t0.minute} {t0.hour} * * *"
-        idle_at = t0 + timedelta(days=180)
-        cron_idle = f"{idle_at.minute} {idle_at.hour} {idle_at.day} {idle_at.month} *"
+    def copy_schedules(self, tenants: list[Tenant], count: int, fire_at: datetime, *, due: bool) -> None:
+        """COPY `count` schedules whose next fire is `fire_at`: N API calls would take an hour. Due ones fire
+        daily at that minute in the benchmark's lane; idle ones yearly, far ahead, and never fall due."""
+        cron = (
+            f"{fire_at.minute} {fire_at.hour} * * *"
+            if due
+            else f"{fire_at.minute} {fire_at.hour} {fire_at.day} {fire_at.month} *"
+        )
         now = db_now()
         definition_fields = "id, tenant_id, name, kind, cron, run_at, timezone, lane, flexible_window_seconds, priority, handler, payload, misfire_policy, max_lateness_seconds, catchup_limit, overlap_policy, max_attempts, state, version, next_run_at, shard, idempotency_key, request_fingerprint, created_by, created_at, updated_at"  # noqa: E501
-        total = self.config.schedules + self.config.idle
+        total = count
+        label = "create due schedules" if due else "create idle schedules"
         with (
             connection.cursor() as wrapper,
-            tqdm(total=total, desc="create schedules", unit="sch", file=self.out, mininterval=2) as bar,
+            tqdm(total=total, desc=label, unit="sch", file=self.out, mininterval=2) as bar,
         ):
             cursor = wrapper.cursor
             with cursor.copy(f"COPY schedules_schedule ({definition_fields}) FROM STDIN") as copy:
                 for n in range(total):
-                    due = n < self.config.schedules
                     schedule_id = uuid.uuid4()
                     tenant = tenants[n % len(tenants)]
                     copy.write_row(
                         (
                             schedule_id,
                             tenant.id,
-                            f"bench-{n}",
+                            f"bench-{'due' if due else 'idle'}-{n}",
                             "cron",
-                            cron_due if due else cron_idle,
+                            cron,
                             None,
                             "UTC",
                             self.config.lane if due else "strict",
@@ -209,7 +212,7 @@ class BurstBenchmark:
                             5,
                             "active",
                             1,
-                            t0 if due else idle_at,
+                            fire_at,
                             shard_for(schedule_id),
                             None,
                             None,
@@ -221,6 +224,13 @@ class BurstBenchmark:
                     if n % 10000 == 0:
                         bar.update(min(10000, total - bar.n))
                 bar.update(total - bar.n)
+
+    # --- processes ---------------------------------------------------------------------------------------------
+
+    def write_first_versions(self, *, due: bool) -> None:
+        """Version 1 of the due (or idle) bench schedules, as the API would have written it (for reconcile)."""
+        now = db_now()
+        with connection.cursor() as cursor:
             cursor.execute(
                 """
                 INSERT INTO schedules_scheduleversion (schedule_id, tenant_id, version, change, definition, valid_from,
@@ -229,13 +239,11 @@ class BurstBenchmark:
                        jsonb_build_object('name', name, 'kind', kind, 'cron', cron, 'run_at', NULL,
                                           'timezone', timezone, 'lane', lane, 'state', state, 'handler', handler),
                        %s, 'bench'
-                FROM schedules_schedule WHERE tenant_id = ANY(%s)
+                FROM schedules_schedule WHERE tenant_id = ANY(%s) AND name LIKE %s
                 """,
-                [now, self.tenant_ids],
+                [now, self.tenant_ids, "bench-due-%" if due else "bench-idle-%"],
             )
             cursor.execute("ANALYZE schedules_schedule")
-
-    # --- processes ---------------------------------------------------------------------------------------------
 
     def process_env(self, horizon: float) -> dict[str, str]:
         env = dict(os.environ)
@@ -406,8 +414,14 @@ class BurstBenchmark:
         self.cleanup()
         started = time.monotonic()
         tenants = self.provision()
+        if config.idle:
+            idle_at = (db_now() + timedelta(days=180)).replace(second=0, microsecond=0)
+            self.copy_schedules(tenants, config.idle, idle_at, due=False)
+            self.write_first_versions(due=False)
+        # T0 is chosen after the idle rows exist, so however long they took, the due ones have their lead.
         t0 = self.choose_t0()
-        self.copy_schedules(tenants, t0)
+        self.copy_schedules(tenants, config.schedules, t0, due=True)
+        self.write_first_versions(due=True)
         setup_s = time.monotonic() - started
         # The horizon reaches T0 from the start, so materialization begins at once and is long done by T0.
         horizon = (t0 - db_now()).total_seconds() + 30
