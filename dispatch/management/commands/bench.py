@@ -1,14 +1,29 @@
-"""`manage.py bench burst ...`: benchmarks operators use to size a deployment (docs/BENCHMARKS.md)."""
+"""`manage.py bench burst|peer-beat ...`: benchmarks operators use to size a deployment (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dispatch.bench import BenchRefused, BurstBenchmark, BurstConfig, result_line
+from dispatch.bench_peer import (
+    INSTALL_HINT,
+    PeerBeatBenchmark,
+    PeerBeatConfig,
+    PeerRefused,
+    beat_in_settings,
+    beat_installed,
+    run_under_bench_settings,
+)
 
 
 class Command(BaseCommand):
-    help = "Benchmarks. `bench burst`: N fires due at one instant through the real materializer and relay."
+    help = (
+        "Benchmarks. `bench burst`: N fires due at one instant through the real materializer and relay. "
+        "`bench peer-beat`: the same N tasks under django-celery-beat, for comparison."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="bench", required=True)
@@ -21,28 +36,83 @@ class Command(BaseCommand):
         burst.add_argument("--idle", type=int, default=0, help="extra schedules that never fall due in the run")
         burst.add_argument("--deadline", type=float, default=120.0, help="seconds after T0 before giving up")
         burst.add_argument("--keep", action="store_true", help="keep the bench rows for inspection")
+        burst.add_argument("--lags-out", type=Path, default=None, help="write each fire's lag (s), one per line")
+        peer = sub.add_parser(
+            "peer-beat",
+            help="the same burst under django-celery-beat's DatabaseScheduler (needs requirements-bench.txt)",
+        )
+        peer.add_argument("--tasks", type=int, required=True, help="periodic tasks due at the same minute boundary")
+        peer.add_argument("--deadline", type=float, default=600.0, help="seconds after T0 before giving up")
+        peer.add_argument("--lags-out", type=Path, default=None, help="write each message's lag (s), one per line")
 
     def handle(self, *args, **options) -> None:
         if options["bench"] == "burst":
-            for name in ("schedules", "tenants", "materializers", "relays"):
-                if options[name] < 1:
-                    raise CommandError(f"--{name} must be at least 1")
-            if options["idle"] < 0:
-                raise CommandError("--idle must not be negative")
-            if options["tenants"] > 50:
-                raise CommandError("--tenants is limited to 50 (each bench tenant gets its own schema)")
-            config = BurstConfig(
-                schedules=options["schedules"],
-                tenants=options["tenants"],
-                lane=options["lane"],
-                materializers=options["materializers"],
-                relays=options["relays"],
-                idle=options["idle"],
-                deadline_seconds=options["deadline"],
-                keep=options["keep"],
+            self.handle_burst(options)
+        elif options["bench"] == "peer-beat":
+            self.handle_peer_beat(options)
+
+    def handle_burst(self, options: dict[str, Any]) -> None:
+        for name in ("schedules", "tenants", "materializers", "relays"):
+            if options[name] < 1:
+                raise CommandError(f"--{name} must be at least 1")
+        if options["idle"] < 0:
+            raise CommandError("--idle must not be negative")
+        if options["tenants"] > 50:
+            raise CommandError("--tenants is limited to 50 (each bench tenant gets its own schema)")
+        config = BurstConfig(
+            schedules=options["schedules"],
+            tenants=options["tenants"],
+            lane=options["lane"],
+            materializers=options["materializers"],
+            relays=options["relays"],
+            idle=options["idle"],
+            deadline_seconds=options["deadline"],
+            keep=options["keep"],
+            lags_out=str(options["lags_out"]) if options["lags_out"] else None,
+        )
+        try:
+            result = BurstBenchmark(config, out=self.stdout).run()
+        except BenchRefused as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(result_line(result))
+
+    def handle_peer_beat(self, options: dict[str, Any]) -> None:
+        config = peer_beat_config(options)
+        if not beat_installed():
+            raise CommandError(
+                f"bench peer-beat needs django-celery-beat, which the product does not install: {INSTALL_HINT}"
             )
-            try:
-                result = BurstBenchmark(config, out=self.stdout).run()
-            except BenchRefused as exc:
-                raise CommandError(str(exc)) from None
-            self.stdout.write(result_line(result))
+        try:
+            if not beat_in_settings():
+                returncode = run_under_bench_settings(config, out=self.stdout)
+                if returncode:
+                    raise CommandError(
+                        f"bench peer-beat failed under scheduler_project.settings_bench (exit code {returncode}); "
+                        "its message is above.",
+                        returncode=returncode,
+                    )
+                return
+            result = PeerBeatBenchmark(config, out=self.stdout).run()
+        except PeerRefused as exc:
+            raise CommandError(str(exc)) from None
+        except KeyboardInterrupt:
+            # The benchmark's own finally blocks have stopped beat and deleted its rows and queue by now.
+            raise CommandError(
+                "bench peer-beat interrupted: beat stopped, the bench's rows and queue removed", returncode=130
+            ) from None
+        self.stdout.write(result_line(result))
+
+
+def peer_beat_config(options: dict[str, Any]) -> PeerBeatConfig:
+    """Validate `bench peer-beat` options into a config; every refusal names the option."""
+    if options["tasks"] < 1:
+        raise CommandError("--tasks must be at least 1")
+    if not options["deadline"] > 0:
+        raise CommandError("--deadline must be a positive number of seconds after T0")
+    lags_out: Path | None = options["lags_out"]
+    if lags_out is not None:
+        if lags_out.is_dir():
+            raise CommandError(f"--lags-out {lags_out} is a directory; give a file path")
+        if not lags_out.resolve().parent.is_dir():
+            raise CommandError(f"--lags-out {lags_out}: the directory {lags_out.resolve().parent} does not exist")
+    return PeerBeatConfig(tasks=options["tasks"], deadline_seconds=options["deadline"], lags_out=lags_out)
