@@ -292,8 +292,9 @@ class BurstBenchmark:
 
     # --- measurement -------------------------------------------------------------------------------------------
 
-    def counts(self) -> tuple[int, int]:
-        """(occurrences in envelopes, occurrences in broker-confirmed envelopes) for the bench tenants.
+    def counts(self) -> tuple[int, int, int]:
+        """(occurrences in envelopes, occurrences in broker-confirmed envelopes, envelopes not yet published) for
+        the bench tenants.
 
         Read from the outbox only (a few thousand rows): counting the occurrence table every poll would compete
         with the processes being measured. Settling removes envelopes only once nothing is due, after the burst,
@@ -303,7 +304,8 @@ class BurstBenchmark:
             cursor.execute(
                 """
                 SELECT coalesce(sum(cardinality(occurrence_ids)), 0),
-                       coalesce(sum(cardinality(occurrence_ids)) FILTER (WHERE published_at IS NOT NULL), 0)
+                       coalesce(sum(cardinality(occurrence_ids)) FILTER (WHERE published_at IS NOT NULL), 0),
+                       count(*) FILTER (WHERE published_at IS NULL)
                 FROM dispatch_outboxmessage WHERE tenant_id = ANY(%(t)s)
                 """,
                 {"t": self.tenant_ids},
@@ -488,9 +490,11 @@ class BurstBenchmark:
         )
         with tqdm(total=total, desc="confirmed by broker", unit="occ", file=self.out, mininterval=2) as bar:
             while True:
-                confirmed = max(bar.n, self.counts()[1])
+                _, published, unpublished = self.counts()
+                confirmed = max(bar.n, published)
                 bar.update(confirmed - bar.n)
-                if confirmed >= total or db_now() > deadline:
+                # Settling deletes confirmed envelopes once nothing is due, so "none left unpublished" also ends it.
+                if confirmed >= total or unpublished == 0 or db_now() > deadline:
                     return confirmed
                 self._check_alive()
                 time.sleep(0.25)

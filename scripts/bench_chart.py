@@ -12,7 +12,7 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def read(path: str) -> list[float]:
@@ -31,10 +31,12 @@ def main(argv: list[str]) -> int:
         if not lags:
             continue
         fractions = [(i + 1) / len(lags) for i in range(len(lags))]
-        axis.step(lags, fractions, where="post", label=f"{label} (n={len(lags):,}, p99={lags[int(0.99 * (len(lags) - 1))]:.2f} s)")
+        p99 = lags[int(0.99 * (len(lags) - 1))]
+        axis.step(lags, fractions, where="post", label=f"{label} (n={len(lags):,}, p99={p99:.2f} s)")
     axis.axvline(5.0, color="red", linestyle="--", linewidth=1, label="SLO: 5 s")
     axis.set_xscale("symlog", linthresh=1.0)
-    axis.set_xlabel("enqueue lag: broker confirmation (or arrival) − scheduled time, seconds (log scale above 1 s)")
+    axis.set_xlim(left=0)
+    axis.set_xlabel("enqueue lag: broker confirmation (or arrival) - scheduled time, seconds (log scale above 1 s)")
     axis.set_ylabel("fraction of fires enqueued")
     axis.set_title("Top-of-hour burst on two cores: cumulative distribution of enqueue lag")
     axis.grid(True, which="both", alpha=0.3)
