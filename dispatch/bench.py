@@ -112,6 +112,11 @@ class BurstBenchmark:
                 )
                 cursor.execute("DELETE FROM dispatch_occurrence WHERE tenant_id = ANY(%s)", [ids])
                 cursor.execute("DELETE FROM schedules_scheduleversion WHERE tenant_id = ANY(%s)", [ids])
+                # Each deleted schedule fires a foreign-key check against the version table. Right after a mass
+                # delete that table is full of dead rows and its statistics are stale, and the check's plan can
+                # become a sequential scan per row: measured at 500,000 rows, over a quarter of an hour. A
+                # VACUUM ANALYZE first keeps every check an index probe.
+                cursor.execute("VACUUM ANALYZE schedules_scheduleversion")
                 cursor.execute("DELETE FROM schedules_schedule WHERE tenant_id = ANY(%s)", [ids])
             for tenant in bench:
                 tenant.delete(force_drop=True)
