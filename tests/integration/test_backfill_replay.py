@@ -7,7 +7,6 @@ import uuid
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
-from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
@@ -16,11 +15,12 @@ from dispatch import backfill as backfill_module
 from dispatch import partitions
 from dispatch.identity import occurrence_id_for
 from dispatch.materializer import Materializer
-from dispatch.models import Occurrence, OccurrenceState, OutboxMessage, ProcessHeartbeat, ShardLease
+from dispatch.models import Occurrence, OccurrenceState, OutboxMessage
 from dispatch.reconcile import reconcile
 from schedules import services
 from schedules.clock import db_now
 from schedules.models import Schedule
+from tests.integration.support import materializer_holding_every_shard, run_materializer
 
 ACTOR = "tenant:acme/api"
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -30,19 +30,7 @@ WINDOW = ("--since", "2026-06-01T12:00:00Z", "--until", "2026-06-01T18:00:00Z")
 
 @pytest.fixture
 def materializer(tenant_a) -> Materializer:
-    """Holds every shard (leases and heartbeats of other processes are cleared inside the test transaction)."""
-    ProcessHeartbeat.objects.all().delete()
-    ShardLease.objects.update(owner="", expires_at=None)
-    m = Materializer("test-backfill")
-    m.maintain_leases()
-    assert len(m.leases) == settings.SCHEDULER_SHARDS
-    return m
-
-
-def run_materializer(m: Materializer, *instants: datetime) -> None:
-    for now in instants:
-        while m.step(now=now):
-            pass
+    return materializer_holding_every_shard("test-backfill")
 
 
 def create(tenant, now: datetime, **data) -> Schedule:

@@ -9,17 +9,17 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
-from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from dispatch import reconcile as reconcile_module
 from dispatch.identity import occurrence_id_for
 from dispatch.materializer import Materializer
-from dispatch.models import Occurrence, OccurrenceState, ProcessHeartbeat, ShardLease
+from dispatch.models import Occurrence, OccurrenceState
 from dispatch.reconcile import VersionSpan, expected_fires, reconcile, version_spans
 from schedules import services
 from schedules.models import Schedule, ScheduleVersion
+from tests.integration.support import materializer_holding_every_shard, run_materializer
 
 ACTOR = "tenant:acme/api"
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -30,20 +30,7 @@ NEW_YORK = ZoneInfo("America/New_York")
 
 @pytest.fixture
 def materializer(tenant_a) -> Materializer:
-    """A materializer that holds every shard: leases and heartbeats left by other processes are cleared first
-    (inside the test transaction), so no schedule of ours sits on a shard it does not own."""
-    ProcessHeartbeat.objects.all().delete()
-    ShardLease.objects.update(owner="", expires_at=None)
-    m = Materializer("test-reconcile")
-    m.maintain_leases()
-    assert len(m.leases) == settings.SCHEDULER_SHARDS
-    return m
-
-
-def run_materializer(m: Materializer, *instants: datetime) -> None:
-    for now in instants:
-        while m.step(now=now):
-            pass
+    return materializer_holding_every_shard("test-reconcile")
 
 
 def every(start: datetime, end: datetime, step: timedelta) -> list[datetime]:

@@ -1,0 +1,28 @@
+"""Helpers shared by integration test modules that drive the materializer with a chosen clock."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+
+from dispatch.materializer import Materializer
+from dispatch.models import ProcessHeartbeat, ShardLease
+
+
+def materializer_holding_every_shard(name: str) -> Materializer:
+    """A materializer that holds every shard: leases and heartbeats left by other processes are cleared first
+    (inside the test transaction), so no schedule of the test sits on a shard it does not own."""
+    ProcessHeartbeat.objects.all().delete()
+    ShardLease.objects.update(owner="", expires_at=None)
+    materializer = Materializer(name)
+    materializer.maintain_leases()
+    assert len(materializer.leases) == settings.SCHEDULER_SHARDS
+    return materializer
+
+
+def run_materializer(materializer: Materializer, *instants: datetime) -> None:
+    """Materialize everything due at each instant in turn, as the loop would at those moments."""
+    for now in instants:
+        while materializer.step(now=now):
+            pass
