@@ -9,9 +9,9 @@ from zoneinfo import ZoneInfo
 import pytest
 from rest_framework.pagination import PageNumberPagination
 
-from dispatch.identity import occurrence_id_for
 from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
 from schedules.models import Schedule, ScheduleVersion
+from tests.integration.support import occurrence_row
 
 SCHEDULES = "/api/v1/schedules/"
 SCHEDULE_KEYS = {
@@ -75,17 +75,7 @@ def outbox_rows_of(occurrence_id):
 
 
 def add_occurrence(schedule_id: str, *, version: int, at: datetime, state: str = OccurrenceState.SCHEDULED):
-    schedule = Schedule.objects.get(pk=schedule_id)
-    return Occurrence.objects.create(
-        occurrence_id=occurrence_id_for(schedule.id, version, at),
-        schedule=schedule,
-        tenant_id=schedule.tenant_id,
-        schedule_version=version,
-        scheduled_for=at,
-        available_at=at,
-        lane=schedule.lane,
-        state=state,
-    )
+    return occurrence_row(Schedule.objects.get(pk=schedule_id), version=version, at=at, state=state)
 
 
 # --- create ---------------------------------------------------------------------------------------------

@@ -6,11 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OccurrenceState
 from schedules import services
 from schedules.errors import ScheduleInvalid, StateConflict
 from schedules.models import Schedule, ScheduleState, ScheduleVersion, VersionChange
+from tests.integration.support import occurrence_row
 
 ACTOR = "tenant:acme/api"
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -34,16 +34,7 @@ def hourly(tenant) -> Schedule:
 
 
 def add_occurrence(schedule: Schedule, *, version: int, at: datetime, state: str) -> Occurrence:
-    return Occurrence.objects.create(
-        occurrence_id=occurrence_id_for(schedule.id, version, at),
-        schedule=schedule,
-        tenant_id=schedule.tenant_id,
-        schedule_version=version,
-        scheduled_for=at,
-        available_at=at,
-        lane=schedule.lane,
-        state=state,
-    )
+    return occurrence_row(schedule, version=version, at=at, state=state)
 
 
 def states_by_id(schedule: Schedule) -> dict:

@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 
 import dispatch.webhook  # noqa: F401 - registers the "webhook" handler
-from dispatch.identity import occurrence_id_for, utc_key
+from dispatch.identity import utc_key
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 from dispatch.worker import claim, complete, run_claimed
 from schedules import services
 from schedules.clock import db_now
+from tests.integration.support import occurrence_row
 
 BASE = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=5)
 
@@ -106,16 +107,7 @@ def webhook_occurrence(tenant, payload: dict[str, Any], **fields: Any) -> Occurr
         },
         actor="test",
     )
-    return Occurrence.objects.create(
-        occurrence_id=occurrence_id_for(schedule.id, schedule.version, BASE),
-        schedule=schedule,
-        tenant_id=schedule.tenant_id,
-        schedule_version=schedule.version,
-        scheduled_for=BASE,
-        available_at=BASE,
-        lane=schedule.lane,
-        state=OccurrenceState.ENQUEUED,
-    )
+    return occurrence_row(schedule, at=BASE, state=OccurrenceState.ENQUEUED)
 
 
 def deliver(occurrence: Occurrence, now: datetime | None = None) -> str:

@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 
 from dispatch import tasks, worker
 from dispatch.envelopes import BODY_VERSION
-from dispatch.identity import occurrence_id_for, utc_key
+from dispatch.identity import utc_key
 from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
 from dispatch.worker import Claim, claim, complete, reap_expired_leases, run_claimed, try_claim
 from schedules import services
@@ -25,6 +25,7 @@ from schedules.clock import db_now
 from schedules.models import Schedule, ScheduleState
 from tests import handlers as test_handlers
 from tests.handlers import effects, ensure_effects_table
+from tests.integration.support import occurrence_row
 
 WORKER = "test-worker"
 # Fires of the recent past: the materializer would have produced them; any partition (or DEFAULT) takes them.
@@ -63,19 +64,7 @@ def make_schedule(tenant, handler: str = "noop", **fields: Any) -> Schedule:
 def add_occurrence(
     schedule: Schedule, *, minute: int = 0, state: str = OccurrenceState.ENQUEUED, **fields: Any
 ) -> Occurrence:
-    at = BASE + timedelta(minutes=minute)
-    return Occurrence.objects.create(
-        occurrence_id=occurrence_id_for(schedule.id, schedule.version, at),
-        schedule=schedule,
-        tenant_id=schedule.tenant_id,
-        schedule_version=schedule.version,
-        scheduled_for=at,
-        available_at=at,
-        lane=schedule.lane,
-        priority=schedule.priority,
-        state=state,
-        **fields,
-    )
+    return occurrence_row(schedule, at=BASE + timedelta(minutes=minute), state=state, **fields)
 
 
 def claim_of(occurrence: Occurrence, now: datetime | None = None) -> Claim | None:
