@@ -2,98 +2,28 @@
 
 from __future__ import annotations
 
-import json
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin
-from django.core.paginator import Paginator
-from django.db import connection
 from django.db.models import F, Func, IntegerField, OuterRef, Q, QuerySet, Subquery
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from dispatch.models import Attempt, Occurrence, OutboxMessage
 from dispatch.queues import ALL_QUEUES
+from scheduler_project.console import (
+    EXACT_COUNT_LIMIT,
+    EstimatedCountPaginator,
+    TenantFilter,
+    bounded_count,
+    parse_uuid,
+)
 from schedules.clock import db_now
 from schedules.models import Lane
 from tenants.models import Tenant
-
-# Below this many rows an exact COUNT(*) costs milliseconds; above it the engine tables (20 M schedules,
-# 200 M occurrences a day) would make every changelist page pay for a full scan, so the count is estimated.
-EXACT_COUNT_LIMIT = 100_000
-
-
-# --- counting big tables ----------------------------------------------------------------------------------
-
-
-def estimated_table_rows(queryset: QuerySet) -> int:
-    """The planner's row estimate for the whole table (and its partitions, should it be partitioned).
-
-    `reltuples` is refreshed by VACUUM/ANALYZE (autovacuum), is -1 before the first one, and costs nothing.
-    """
-    table = queryset.model._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT COALESCE(SUM(GREATEST(c.reltuples, 0)), 0)::bigint
-            FROM pg_class c
-            WHERE c.oid = to_regclass(%s)
-               OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass(%s))
-            """,
-            [table, table],
-        )
-        return int(cursor.fetchone()[0])
-
-
-def planner_estimate(queryset: QuerySet) -> int:
-    """Rows the planner expects a filtered query to return (EXPLAIN, nothing is executed)."""
-    plan = json.loads(queryset.order_by().values("pk").explain(format="json"))
-    return int(plan[0]["Plan"]["Plan Rows"])
-
-
-def bounded_count(queryset: QuerySet, limit: int) -> int:
-    """COUNT(*) that stops after `limit + 1` rows: exact below the limit, "more than limit" above it."""
-    # values("pk") keeps per-row annotations (the outbox's tenant slug) out of the counted subquery.
-    return queryset.order_by().values("pk")[: limit + 1].count()
-
-
-class EstimatedCountPaginator(Paginator):
-    """Counts exactly up to EXACT_COUNT_LIMIT rows and estimates beyond, so no page does a full COUNT(*).
-
-    1. Unfiltered and the table statistics say it is big: take `pg_class.reltuples`.
-    2. Otherwise count at most EXACT_COUNT_LIMIT + 1 rows.
-    3. If that count overflows, take the larger of it and the planner's estimate for the filtered query.
-
-    `estimated` tells the pagination template to mark the total as approximate. With an estimate a page
-    number near the end may come back empty or the last few rows may need a narrower filter to reach: the
-    price of not scanning 20 M rows per page view.
-    """
-
-    estimated = False
-
-    @cached_property
-    def count(self) -> int:
-        queryset = self.object_list
-        if not isinstance(queryset, QuerySet):
-            return super().count
-        unfiltered = not queryset.query.where
-        if unfiltered:
-            estimate = estimated_table_rows(queryset)
-            if estimate > EXACT_COUNT_LIMIT:
-                self.estimated = True
-                return estimate
-        counted = bounded_count(queryset, EXACT_COUNT_LIMIT)
-        if counted <= EXACT_COUNT_LIMIT:
-            return counted
-        self.estimated = True
-        estimate = estimated_table_rows(queryset) if unfiltered else planner_estimate(queryset)
-        return max(counted, estimate)
-
 
 # --- filters that never scan the big tables ---------------------------------------------------------------
 
@@ -122,31 +52,11 @@ class QueueFilter(admin.SimpleListFilter):
         return queryset.filter(queue=self.value()) if self.value() else queryset
 
 
-class TenantFilter(admin.SimpleListFilter):
-    """Tenants that can own engine rows: the platform's own public tenant never does."""
-
-    title = "tenant"
-    parameter_name = "tenant__id__exact"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [(str(pk), slug) for pk, slug in Tenant.objects.exclude(schema_name="public").values_list("pk", "slug")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        return queryset.filter(tenant_id=self.value()) if self.value() else queryset
-
-
 def precise_utc(value: datetime | None) -> str:
     """Milliseconds matter here: enqueue lag is judged against a 5-second budget."""
     if value is None:
         return "—"
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
-
-
-def parse_uuid(text: str) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(text.strip())
-    except (ValueError, AttributeError):
-        return None
 
 
 class ReadOnlyAdminMixin:

@@ -11,13 +11,14 @@ from datetime import UTC, date, datetime, timedelta
 
 from django.db import connection, transaction
 
-from dispatch.envelopes import Fire, write_envelopes
+from dispatch.errors import BackfillRefused
+from dispatch.history import ExpectedFire, expected_fires, version_spans
+from dispatch.outbox import Fire, enqueue
 from dispatch.partitions import ensure_partitions
-from dispatch.queues import queue_for_lane
-from dispatch.reconcile import ExpectedFire, expected_fires, version_spans
+from dispatch.sql import maintenance as maintenance_sql
 from schedules.clock import db_now
+from schedules.cron_syntax import TimeRuleError
 from schedules.models import Schedule, ScheduleState
-from schedules.timerules import TimeRuleError
 
 logger = logging.getLogger(__name__)
 
@@ -26,27 +27,6 @@ logger = logging.getLogger(__name__)
 MAX_BACKFILL_FIRES = 100_000
 # Occurrences (and their envelopes) written per transaction: short transactions, bounded memory.
 BACKFILL_CHUNK = 1000
-
-# ON CONFLICT DO NOTHING (no target) covers both the primary key (occurrence_id, scheduled_for) and the unique
-# fire (schedule, version, scheduled_for): a row the materializer, a replay or an earlier backfill wrote is left
-# exactly as it is. `forced`: the operator asked for this very fire, so the worker runs it even though the
-# schedule has a newer version now. RETURNING names the new rows: only they get envelopes.
-INSERT_BACKFILL = """
-INSERT INTO dispatch_occurrence (
-    occurrence_id, schedule_id, tenant_id, schedule_version, scheduled_for, available_at, lane, priority,
-    manual, forced, state, attempt_count, created_at)
-SELECT u.occurrence_id, u.schedule_id, u.tenant_id, u.version, u.scheduled_for, %(now)s::timestamptz, u.lane,
-       u.priority, false, true, 'scheduled', 0, %(now)s::timestamptz
-FROM unnest(%(occurrence_ids)s::uuid[], %(schedule_ids)s::uuid[], %(tenant_ids)s::bigint[], %(versions)s::int[],
-            %(scheduled_fors)s::timestamptz[], %(lanes)s::text[], %(priorities)s::smallint[])
-     AS u(occurrence_id, schedule_id, tenant_id, version, scheduled_for, lane, priority)
-ON CONFLICT DO NOTHING
-RETURNING occurrence_id
-"""
-
-
-class BackfillRefused(Exception):
-    """The backfill was not started; the message tells the operator why and what to do instead."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +149,7 @@ def _ensure_day_partitions(chunk: list[ExpectedFire]) -> None:
 def _write_chunk(chunk: list[ExpectedFire], now: datetime) -> int:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            INSERT_BACKFILL,
+            maintenance_sql.INSERT_BACKFILL,
             {
                 "now": now,
                 "occurrence_ids": [f.occurrence_id for f in chunk],
@@ -183,21 +163,19 @@ def _write_chunk(chunk: list[ExpectedFire], now: datetime) -> int:
         )
         new_ids = {row[0] for row in cursor.fetchall()}
         # Released now: the fires are already late; the lane's queue keeps strict and flexible work apart.
-        write_envelopes(
-            cursor,
-            [
-                Fire(
-                    occurrence_id=f.occurrence_id,
-                    scheduled_for=f.scheduled_for,
-                    tenant_id=f.tenant_id,
-                    queue=queue_for_lane(f.lane),
-                    available_at=now,
-                    priority=f.priority,
-                )
-                for f in chunk
-                if f.occurrence_id in new_ids
-            ],
-        )
+        fires = [
+            Fire.for_lane(
+                f.occurrence_id,
+                f.scheduled_for,
+                tenant_id=f.tenant_id,
+                lane=f.lane,
+                available_at=now,
+                priority=f.priority,
+            )
+            for f in chunk
+            if f.occurrence_id in new_ids
+        ]
+        enqueue(cursor, fires)
     return len(new_ids)
 
 

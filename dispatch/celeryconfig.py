@@ -6,7 +6,6 @@ wins. `celery -A scheduler_project worker` with no options then consumes both la
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from kombu import Exchange, Queue
@@ -33,12 +32,7 @@ def handler_modules() -> list[str]:
     (comma-separated; the tests use `tests.handlers`)."""
     from django.conf import settings
 
-    configured = getattr(settings, "SCHEDULER_HANDLER_MODULES", None)
-    if configured is None:
-        configured = os.environ.get("SCHEDULER_HANDLER_MODULES", "")
-    if isinstance(configured, str):
-        configured = configured.split(",")
-    return ["dispatch.webhook", *(name.strip() for name in configured if name.strip())]
+    return ["dispatch.handlers.webhook", *(name.strip() for name in settings.SCHEDULER_HANDLER_MODULES if name.strip())]
 
 
 def celery_defaults() -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Envelopes: the unit the relay publishes. One AMQP message carries up to SCHEDULER_ENVELOPE_SIZE occurrences of
-one tenant, queue, instant and priority.
+"""The wire format of an envelope: the Celery protocol-2 message that carries up to SCHEDULER_ENVELOPE_SIZE
+occurrences of one tenant, queue, instant and priority (grouping is dispatch/outbox.py's).
 
 Why: on two cores one Python process confirms about 3,500 persistent messages a second but 5,600 envelopes of
 100 occurrences, i.e. ~560,000 occurrences a second (ARCHITECTURE.md, "Measured"). An envelope is transport
@@ -13,76 +13,17 @@ materialized; the relay sends the stored bytes untouched.
 from __future__ import annotations
 
 import json
-import math
 import uuid
-from collections import defaultdict
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any
-
-from django.conf import settings
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 from dispatch.identity import utc_key
-from dispatch.queues import FLEXIBLE_QUEUE
+
+if TYPE_CHECKING:
+    from dispatch.outbox import Envelope
 
 RUN_ENVELOPE_TASK = "dispatch.run_envelope"
 BODY_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Fire:
-    """An occurrence ready for the queue."""
-
-    occurrence_id: uuid.UUID
-    scheduled_for: datetime
-    tenant_id: int
-    queue: str
-    available_at: datetime
-    priority: int
-
-
-@dataclass(frozen=True)
-class Envelope:
-    tenant_id: int
-    queue: str
-    available_at: datetime
-    priority: int
-    fires: tuple[Fire, ...]
-
-    @property
-    def occurrence_ids(self) -> list[uuid.UUID]:
-        return [fire.occurrence_id for fire in self.fires]
-
-    @property
-    def scheduled_fors(self) -> list[datetime]:
-        return [fire.scheduled_for for fire in self.fires]
-
-
-def _release_instant(available_at: datetime) -> datetime:
-    """Flexible fires are spread to the millisecond; rounding each up to the next whole second lets fires of one
-    second share an envelope while none is released before its own available_at."""
-    if available_at.microsecond == 0:
-        return available_at
-    return available_at.replace(microsecond=0) + timedelta(seconds=1)
-
-
-def pack(fires: list[Fire], size: int | None = None) -> list[Envelope]:
-    """Group fires by (tenant, queue, release instant, priority) and cut each group into envelopes of `size`.
-
-    Keeping tenants apart lets the relay interleave tenants fairly at the hot instant.
-    """
-    size = size or settings.SCHEDULER_ENVELOPE_SIZE
-    groups: dict[tuple[int, str, datetime, int], list[Fire]] = defaultdict(list)
-    for fire in fires:
-        # Only the flexible lane is rounded: strict fires (and manual ones) leave at their exact instant.
-        release_at = _release_instant(fire.available_at) if fire.queue == FLEXIBLE_QUEUE else fire.available_at
-        groups[(fire.tenant_id, fire.queue, release_at, fire.priority)].append(fire)
-    envelopes = []
-    for (tenant_id, queue, release_at, priority), members in groups.items():
-        for start in range(0, len(members), size):
-            envelopes.append(Envelope(tenant_id, queue, release_at, priority, tuple(members[start : start + size])))
-    envelopes.sort(key=lambda e: (e.available_at, -e.priority))
-    return envelopes
 
 
 def encode_body(envelope: Envelope) -> bytes:
@@ -142,32 +83,3 @@ def decode_content(content: Any) -> list[tuple[uuid.UUID, datetime]]:
         except (TypeError, ValueError) as exc:
             raise MalformedEnvelope(f"bad occurrence entry {str(pair)[:100]!r}: {exc}") from None
     return decoded
-
-
-def flexible_offset(occurrence_id: uuid.UUID, window_seconds: int) -> timedelta:
-    """Deterministic jitter inside the flexible window: the same occurrence gets the same instant after every
-    failover or replay, while correlated fires spread out. Millisecond resolution."""
-    window_ms = max(1, window_seconds * 1000)
-    return timedelta(milliseconds=occurrence_id.int % window_ms)
-
-
-def spread(count: int, per_minute: int) -> list[timedelta]:
-    """Offsets that pace `count` catch-up fires at `per_minute` (the tenant's catch-up quota)."""
-    interval = 60.0 / max(1, per_minute)
-    return [timedelta(seconds=math.floor(i * interval * 1000) / 1000) for i in range(count)]
-
-
-def write_envelopes(cursor, fires: list[Fire], size: int | None = None) -> int:
-    """Pack fires into envelopes and insert them into the outbox, in the caller's transaction."""
-    from dispatch import sql
-
-    envelopes = pack(fires, size)
-    if envelopes:
-        cursor.executemany(
-            sql.INSERT_OUTBOX,
-            [
-                (e.tenant_id, e.queue, e.available_at, e.priority, e.occurrence_ids, e.scheduled_fors, encode_body(e))
-                for e in envelopes
-            ],
-        )
-    return len(envelopes)

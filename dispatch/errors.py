@@ -1,4 +1,4 @@
-"""Errors a handler raises to tell the worker what to do with the occurrence: retry, give up, or stop."""
+"""Errors of the data plane: what a handler raises to steer its retries, and what an operator path refuses."""
 
 from __future__ import annotations
 
@@ -24,3 +24,18 @@ class TransientError(HandlerError):
 
 class CanceledError(HandlerError):
     """Raised by a handler that honoured its cancel_event (seed 004's AbortSignal): it stopped before finishing."""
+
+
+# --- refusals of the operator paths (mapped to HTTP codes by schedules/api/errors.py, to messages by commands) ---
+
+
+class ReplayRefused(Exception):
+    """The replay was not done; the message says why (unknown, not dead, or its schedule is canceled)."""
+
+
+class BackfillRefused(Exception):
+    """The backfill was not started; the message tells the operator why and what to do instead."""
+
+
+class ReconcileInputError(ValueError):
+    """A window or instant the reconciler (or backfill) cannot work with; the message is for the operator."""

@@ -14,55 +14,12 @@ from django.db import connection
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from dispatch.sql import maintenance as maintenance_sql
+
 logger = logging.getLogger(__name__)
 
 # The window of recent fires that lag quantiles and state counts describe.
 RECENT_WINDOW_SECONDS = 300
-
-OUTBOX = """
-SELECT count(*) FILTER (WHERE published_at IS NULL),
-       coalesce(sum(cardinality(occurrence_ids)) FILTER (WHERE published_at IS NULL), 0),
-       coalesce(EXTRACT(EPOCH FROM clock_timestamp() - min(available_at) FILTER (WHERE published_at IS NULL)), 0),
-       count(*) FILTER (WHERE published_at IS NOT NULL)
-FROM dispatch_outboxmessage
-"""
-
-RECENT_STATES = """
-SELECT lane, state, count(*) FROM dispatch_occurrence
-WHERE scheduled_for >= clock_timestamp() - make_interval(secs => %(window)s) AND scheduled_for <= clock_timestamp()
-GROUP BY lane, state
-"""
-
-RECENT_LAG = """
-SELECT lane,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY lag),
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY lag),
-       max(lag)
-FROM (SELECT lane, EXTRACT(EPOCH FROM enqueued_at - scheduled_for) AS lag FROM dispatch_occurrence
-      WHERE scheduled_for >= clock_timestamp() - make_interval(secs => %(window)s) AND enqueued_at IS NOT NULL) AS l
-GROUP BY lane
-"""
-
-# Loose index scan: one probe per shard on schedule_due_by_shard instead of a scan of every active schedule.
-CURSOR_BEHIND = """
-SELECT coalesce(EXTRACT(EPOCH FROM clock_timestamp() - min(first_due)), 0)
-FROM generate_series(0, %(shards)s - 1) AS s(shard),
-LATERAL (SELECT next_run_at AS first_due FROM schedules_schedule
-         WHERE shard = s.shard AND state = 'active' AND next_run_at IS NOT NULL
-         ORDER BY next_run_at LIMIT 1) AS f
-"""
-
-DEAD_AND_LEASES = """
-SELECT (SELECT count(*) FROM dispatch_occurrence WHERE state = 'dead'),
-       (SELECT count(*) FROM dispatch_occurrence WHERE state = 'running'),
-       (SELECT count(*) FROM dispatch_occurrence WHERE state = 'running' AND lease_expires_at < clock_timestamp())
-"""
-
-LIVE_PROCESSES = """
-SELECT role, count(*) FROM dispatch_processheartbeat
-WHERE heartbeat_at > clock_timestamp() - interval '60 seconds' GROUP BY role
-"""
 
 
 class SchedulerCollector(Collector):
@@ -75,7 +32,7 @@ class SchedulerCollector(Collector):
 
     def _collect(self) -> Iterator[GaugeMetricFamily]:
         with connection.cursor() as cursor:
-            cursor.execute(OUTBOX)
+            cursor.execute(maintenance_sql.METRICS_OUTBOX)
             envelopes, occurrences, oldest_age, unsettled = cursor.fetchone()
             yield GaugeMetricFamily("scheduler_outbox_envelopes", "Envelopes waiting to be published.", envelopes)
             yield GaugeMetricFamily(
@@ -90,7 +47,7 @@ class SchedulerCollector(Collector):
                 "scheduler_outbox_unsettled_envelopes", "Published envelopes not yet settled.", unsettled
             )
 
-            cursor.execute(RECENT_STATES, {"window": RECENT_WINDOW_SECONDS})
+            cursor.execute(maintenance_sql.METRICS_RECENT_STATES, {"window": RECENT_WINDOW_SECONDS})
             states = GaugeMetricFamily(
                 "scheduler_recent_occurrences",
                 f"Occurrences scheduled in the last {RECENT_WINDOW_SECONDS} s, by lane and state.",
@@ -100,7 +57,7 @@ class SchedulerCollector(Collector):
                 states.add_metric([lane, state], count)
             yield states
 
-            cursor.execute(RECENT_LAG, {"window": RECENT_WINDOW_SECONDS})
+            cursor.execute(maintenance_sql.METRICS_RECENT_LAG, {"window": RECENT_WINDOW_SECONDS})
             lag = GaugeMetricFamily(
                 "scheduler_schedule_lag_seconds",
                 f"enqueued_at - scheduled_for over the last {RECENT_WINDOW_SECONDS} s (broker confirmation).",
@@ -111,14 +68,14 @@ class SchedulerCollector(Collector):
                     lag.add_metric([lane, quantile], float(value))
             yield lag
 
-            cursor.execute(CURSOR_BEHIND, {"shards": settings.SCHEDULER_SHARDS})
+            cursor.execute(maintenance_sql.METRICS_CURSOR_BEHIND, {"shards": settings.SCHEDULER_SHARDS})
             yield GaugeMetricFamily(
                 "scheduler_materialization_behind_seconds",
                 "How far the earliest active cursor is behind now (0 when materialization is ahead).",
                 max(0.0, float(cursor.fetchone()[0])),
             )
 
-            cursor.execute(DEAD_AND_LEASES)
+            cursor.execute(maintenance_sql.METRICS_DEAD_AND_LEASES)
             dead, running, expired = cursor.fetchone()
             yield GaugeMetricFamily("scheduler_dlq_occurrences", "Occurrences in state dead (the DLQ).", dead)
             yield GaugeMetricFamily("scheduler_running_occurrences", "Occurrences claimed by workers.", running)
@@ -126,7 +83,7 @@ class SchedulerCollector(Collector):
                 "scheduler_expired_leases", "Running occurrences whose worker lease expired (to be reaped).", expired
             )
 
-            cursor.execute(LIVE_PROCESSES)
+            cursor.execute(maintenance_sql.METRICS_LIVE_PROCESSES)
             live = GaugeMetricFamily("scheduler_live_processes", "Processes with a recent heartbeat.", labels=["role"])
             for role, count in cursor.fetchall():
                 live.add_metric([role], count)

@@ -12,6 +12,8 @@ from datetime import UTC, date, datetime, timedelta
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from dispatch.sql import maintenance as maintenance_sql
+
 logger = logging.getLogger(__name__)
 
 PARTITIONED_TABLES = ("dispatch_occurrence", "dispatch_attempt")
@@ -30,17 +32,7 @@ def partition_name(table: str, day: date) -> str:
 
 def existing_partition_days(connection: BaseDatabaseWrapper, table: str) -> set[date]:
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT child.relname
-            FROM pg_inherits
-            JOIN pg_class parent ON parent.oid = pg_inherits.inhparent
-            JOIN pg_class child ON child.oid = pg_inherits.inhrelid
-            JOIN pg_namespace ns ON ns.oid = parent.relnamespace
-            WHERE parent.relname = %s AND ns.nspname = 'public'
-            """,
-            [table],
-        )
+        cursor.execute(maintenance_sql.PARTITION_CHILDREN, [table])
         names = [row[0] for row in cursor.fetchall()]
     days = set()
     for name in names:
@@ -72,8 +64,7 @@ def ensure_partitions(connection: BaseDatabaseWrapper, first_day: date, last_day
                 with connection.cursor() as cursor:
                     cursor.execute("SAVEPOINT ensure_partition")
                     cursor.execute(
-                        f'CREATE TABLE IF NOT EXISTS "public"."{partition_name(table, day)}" '
-                        f'PARTITION OF "public"."{table}" FOR VALUES FROM (%s) TO (%s)',
+                        maintenance_sql.CREATE_DAY_PARTITION.format(partition=partition_name(table, day), parent=table),
                         [start.isoformat(), end.isoformat()],
                     )
                     cursor.execute("RELEASE SAVEPOINT ensure_partition")
@@ -97,9 +88,9 @@ def drop_partitions_before(connection: BaseDatabaseWrapper, cutoff_day: date) ->
             if day < cutoff_day:
                 name = partition_name(table, day)
                 with connection.cursor() as cursor:
-                    cursor.execute(f'DROP TABLE IF EXISTS "public"."{name}"')
+                    cursor.execute(maintenance_sql.DROP_PARTITION.format(partition=name))
                 _known.discard((table, day))
                 dropped.append(name)
         with connection.cursor() as cursor:
-            cursor.execute(f'DELETE FROM "public"."{table}_default" WHERE scheduled_for < %s', [cutoff])
+            cursor.execute(maintenance_sql.DELETE_DEFAULT_BEFORE.format(parent=table), [cutoff])
     return dropped

@@ -3,14 +3,28 @@ what instant, and where its cursor moves. No database here; `now` is always pass
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from dispatch.envelopes import flexible_offset, spread
 from dispatch.identity import occurrence_id_for
 from dispatch.models import OccurrenceState
 from schedules.timerules import TimeRule
+
+
+def flexible_offset(occurrence_id: uuid.UUID, window_seconds: int) -> timedelta:
+    """Deterministic jitter inside the flexible window: the same occurrence gets the same instant after every
+    failover or replay, while correlated fires spread out. Millisecond resolution."""
+    window_ms = max(1, window_seconds * 1000)
+    return timedelta(milliseconds=occurrence_id.int % window_ms)
+
+
+def spread(count: int, per_minute: int) -> list[timedelta]:
+    """Offsets that pace `count` catch-up fires at `per_minute` (the tenant's catch-up quota)."""
+    interval = 60.0 / max(1, per_minute)
+    return [timedelta(seconds=math.floor(i * interval * 1000) / 1000) for i in range(count)]
+
 
 # Upper bound of fires planned for one schedule in one batch: a schedule far behind (after an outage) is
 # walked forward in chunks across batches instead of stalling one transaction.

@@ -5,19 +5,18 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import Q
-from django.db.models.fields.json import KT
 
+from dispatch.errors import ReconcileInputError
+from dispatch.history import ExpectedFire, VersionSpan, expected_fires, expects, schedule_batches, version_spans
 from dispatch.identity import occurrence_id_for
+from dispatch.sql import maintenance as maintenance_sql
 from schedules.clock import db_now
-from schedules.models import ScheduleVersion
-from schedules.timerules import TimeRule, TimeRuleError
+from schedules.cron_syntax import TimeRuleError
 
 # This module deliberately imports neither dispatch/planning.py nor the materializer: it is the independent second
 # opinion of ARCHITECTURE.md "Observability". A bug shared by both code paths would be invisible to it.
@@ -38,44 +37,6 @@ UNEXPECTED_SAMPLE_LIMIT = 50
 UNEXPECTED_SAMPLE_PAGE = 1000
 UNEXPECTED_SAMPLE_QUERIES = 200
 
-_ONE_MICROSECOND = timedelta(microseconds=1)
-
-# Expected fires of one chunk that have a row. Both columns are matched: the table is partitioned by
-# scheduled_for, and the explicit range lets PostgreSQL prune to the chunk's days before probing each
-# partition's primary key (occurrence_id, scheduled_for).
-FIND_EXPECTED = """
-SELECT o.occurrence_id, o.state
-FROM dispatch_occurrence AS o
-JOIN unnest(%(ids)s::uuid[], %(fors)s::timestamptz[]) AS e(occurrence_id, scheduled_for)
-  ON o.occurrence_id = e.occurrence_id AND o.scheduled_for = e.scheduled_for
-WHERE o.scheduled_for >= %(low)s AND o.scheduled_for <= %(high)s
-"""
-
-# Every non-manual row of a batch of schedules in the window, counted per (schedule, version, state); minus the
-# rows matched above this leaves the unexpected ones. Served by occurrence_schedule_recent.
-COUNT_ROWS = """
-SELECT schedule_id, schedule_version, state, count(*)
-FROM dispatch_occurrence
-WHERE schedule_id = ANY(%(schedule_ids)s::uuid[])
-  AND scheduled_for >= %(since)s AND scheduled_for < %(until)s
-  AND NOT manual
-GROUP BY schedule_id, schedule_version, state
-"""
-
-SAMPLE_ROWS = """
-SELECT occurrence_id, scheduled_for, state
-FROM dispatch_occurrence
-WHERE schedule_id = %(schedule_id)s AND schedule_version = %(version)s
-  AND scheduled_for >= %(since)s AND scheduled_for < %(until)s
-  AND NOT manual
-ORDER BY scheduled_for
-LIMIT %(limit)s
-"""
-
-
-class ReconcileInputError(ValueError):
-    """A window or instant the reconciler (or backfill) cannot work with; the message is for the operator."""
-
 
 def parse_instant(text: str, name: str) -> datetime:
     """An ISO 8601 instant with an offset or 'Z', as aware UTC; naive times are refused (which zone?)."""
@@ -88,182 +49,6 @@ def parse_instant(text: str, name: str) -> datetime:
     if value.utcoffset() is None:
         raise ReconcileInputError(f"{name} {text!r} has no offset; add 'Z' or e.g. '+01:00'.")
     return value.astimezone(UTC)
-
-
-@dataclass(frozen=True)
-class VersionSpan:
-    """The part of a ScheduleVersion the reconciler needs: its time rule snapshot and its validity."""
-
-    schedule_id: uuid.UUID
-    tenant_id: int
-    version: int
-    change: str
-    state: str
-    kind: str
-    cron: str | None
-    run_at: datetime | None
-    timezone: str
-    lane: str
-    priority: int
-    valid_from: datetime
-    valid_to: datetime | None
-    # Why the snapshot cannot be read, if it cannot: its fires are then unknown, which is not "none owed".
-    error: str | None = None
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> VersionSpan:
-        run_at, error = None, None
-        if row["run_at"]:
-            try:
-                run_at = datetime.fromisoformat(row["run_at"]).astimezone(UTC)
-            except ValueError:
-                error = f"run_at {row['run_at']!r} is not an ISO 8601 instant"
-        try:
-            priority = int(row["priority"] or 0)
-        except ValueError:
-            priority, error = 0, f"priority {row['priority']!r} is not an integer"
-        return cls(
-            schedule_id=row["schedule_id"],
-            tenant_id=row["tenant_id"],
-            version=row["version"],
-            change=row["change"],
-            state=row["state"] or "",
-            kind=row["kind"] or "",
-            cron=row["cron"] or None,
-            run_at=run_at,
-            timezone=row["timezone"] or "UTC",
-            lane=row["lane"] or "strict",
-            priority=priority,
-            valid_from=row["valid_from"],
-            valid_to=row["valid_to"],
-            error=error,
-        )
-
-    @property
-    def rule(self) -> TimeRule:
-        return TimeRule(kind=self.kind, timezone=self.timezone, cron=self.cron, run_at=self.run_at)
-
-    def once_applies(self) -> bool:
-        """A one-off's run_at belongs to this version if the version could still reach it: the creating version
-        keeps a run_at that is already past (the materializer records it), later versions only a future one."""
-        if self.run_at is None:
-            return False
-        if self.change != "create" and self.run_at <= self.valid_from:
-            return False
-        return self.valid_to is None or self.run_at < self.valid_to
-
-
-@dataclass(frozen=True)
-class ExpectedFire:
-    schedule_id: uuid.UUID
-    tenant_id: int
-    version: int
-    scheduled_for: datetime
-    occurrence_id: uuid.UUID
-    lane: str
-    priority: int
-
-
-def expected_fires(span: VersionSpan, since: datetime, until: datetime) -> Iterator[ExpectedFire]:
-    """The fires version `span` owes in [since, until), ascending; a generator, so long ranges cost no memory.
-
-    Only an active version fires. A cron version fires strictly after valid_from (create, update and resume set
-    the cursor to the first fire after "now") and before valid_to (the next version takes over from there).
-    Raises TimeRuleError or ValueError for a snapshot the time rules cannot read.
-    """
-    if span.error:
-        raise ValueError(span.error)
-    if span.state != "active":
-        return
-    end = until if span.valid_to is None else min(until, span.valid_to)
-    if span.kind == "once":
-        if span.run_at is None:
-            raise ValueError("a one-off version without run_at")
-        if span.once_applies() and since <= span.run_at < end:
-            yield _fire(span, span.run_at)
-        return
-    if span.kind != "cron" or not span.cron:
-        raise ValueError(f"kind {span.kind!r} with cron {span.cron!r} has no fire times")
-    # Fires are whole microseconds: "after since - 1 µs" is "at or after since".
-    after = max(span.valid_from, since - _ONE_MICROSECOND)
-    for fire in span.rule.iter_after(after):
-        if fire >= end:
-            return
-        yield _fire(span, fire)
-
-
-def expects(span: VersionSpan, at: datetime) -> bool:
-    """Whether version `span` owes a fire at instant `at` (no window), i.e. a row at `at` is legitimate."""
-    if span.error or span.state != "active":
-        return False
-    if span.kind == "once":
-        return span.once_applies() and span.run_at == at
-    if span.kind != "cron" or not span.cron:
-        return False
-    if at <= span.valid_from or (span.valid_to is not None and at >= span.valid_to):
-        return False
-    return span.rule.next_after(at - _ONE_MICROSECOND) == at
-
-
-def _fire(span: VersionSpan, at: datetime) -> ExpectedFire:
-    return ExpectedFire(
-        schedule_id=span.schedule_id,
-        tenant_id=span.tenant_id,
-        version=span.version,
-        scheduled_for=at,
-        occurrence_id=occurrence_id_for(span.schedule_id, span.version, at),
-        lane=span.lane,
-        priority=span.priority,
-    )
-
-
-def _overlapping(since: datetime, until: datetime) -> Q:
-    return Q(valid_from__lt=until) & (Q(valid_to__isnull=True) | Q(valid_to__gt=since))
-
-
-def version_spans(schedule_ids: Iterable[uuid.UUID], since: datetime, until: datetime) -> list[VersionSpan]:
-    """The versions of these schedules that overlap [since, until), by schedule then version.
-
-    Only the time fields of the snapshot are read out of the JSON: a payload of up to 64 KiB per version would
-    otherwise dominate the reconciler's memory.
-    """
-    rows = (
-        ScheduleVersion.objects.filter(_overlapping(since, until), schedule_id__in=list(schedule_ids))
-        .order_by("schedule_id", "version")
-        .values(
-            "schedule_id",
-            "tenant_id",
-            "version",
-            "change",
-            "valid_from",
-            "valid_to",
-            state=KT("definition__state"),
-            kind=KT("definition__kind"),
-            cron=KT("definition__cron"),
-            run_at=KT("definition__run_at"),
-            timezone=KT("definition__timezone"),
-            lane=KT("definition__lane"),
-            priority=KT("definition__priority"),
-        )
-    )
-    return [VersionSpan.from_row(row) for row in rows]
-
-
-def schedule_batches(
-    since: datetime, until: datetime, *, tenant_id: int | None = None, batch_size: int = SCHEDULE_BATCH
-) -> Iterator[list[uuid.UUID]]:
-    """Ids of schedules with a version overlapping the window, in keyset-paginated batches (memory bounded)."""
-    versions = ScheduleVersion.objects.filter(_overlapping(since, until))
-    if tenant_id is not None:
-        versions = versions.filter(tenant_id=tenant_id)
-    last: uuid.UUID | None = None
-    while True:
-        page = versions if last is None else versions.filter(schedule_id__gt=last)
-        ids = list(page.order_by("schedule_id").values_list("schedule_id", flat=True).distinct()[:batch_size])
-        if not ids:
-            return
-        yield ids
-        last = ids[-1]
 
 
 @dataclass(frozen=True)
@@ -458,7 +243,7 @@ def _check_chunk(
     fors = [fire.scheduled_for for fire in chunk]
     with connection.cursor() as cursor:
         cursor.execute(
-            FIND_EXPECTED,
+            maintenance_sql.RECONCILE_FIND_EXPECTED,
             {"ids": [fire.occurrence_id for fire in chunk], "fors": fors, "low": min(fors), "high": max(fors)},
         )
         states = dict(cursor.fetchall())
@@ -486,7 +271,9 @@ def _count_unexpected(
     until: datetime,
 ) -> None:
     with connection.cursor() as cursor:
-        cursor.execute(COUNT_ROWS, {"schedule_ids": schedule_ids, "since": since, "until": until})
+        cursor.execute(
+            maintenance_sql.RECONCILE_COUNT_ROWS, {"schedule_ids": schedule_ids, "since": since, "until": until}
+        )
         rows = cursor.fetchall()
     # An expected id matches at most one row (the id is derived from the fire), so the difference is exact.
     surplus_versions: list[tuple[uuid.UUID, int]] = []
@@ -514,7 +301,7 @@ def _sample_unexpected(
             if len(report.unexpected_samples) >= UNEXPECTED_SAMPLE_LIMIT:
                 return
             cursor.execute(
-                SAMPLE_ROWS,
+                maintenance_sql.RECONCILE_SAMPLE_ROWS,
                 {
                     "schedule_id": schedule_id,
                     "version": version,

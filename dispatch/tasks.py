@@ -21,10 +21,10 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connection, connections
 from prometheus_client import Counter as MetricCounter
 
-from dispatch import worker
+from dispatch.engine import worker
+from dispatch.engine.leases import stop_lease_renewer
+from dispatch.engine.timer import PriorityTimer, TimerClosed
 from dispatch.envelopes import RUN_ENVELOPE_TASK, MalformedEnvelope, decode_content
-from dispatch.timer import PriorityTimer, TimerClosed
-from scheduler_project.env import env_int
 
 logger = logging.getLogger(__name__)
 
@@ -33,12 +33,6 @@ logger = logging.getLogger(__name__)
 REQUEUE_PAUSE_SECONDS = 1.0
 
 DROPPED_MESSAGES = MetricCounter("scheduler_worker_dropped_messages", "Messages logged and dropped.", ["reason"])
-
-
-def worker_threads() -> int:
-    """SCHEDULER_WORKER_THREADS: occurrences of one process run at once (each thread holds a DB connection)."""
-    value = getattr(settings, "SCHEDULER_WORKER_THREADS", None)
-    return int(value) if value is not None else env_int("SCHEDULER_WORKER_THREADS", 8, minimum=1, maximum=256)
 
 
 def guarded_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Any:
@@ -240,7 +234,7 @@ def envelope_runner() -> EnvelopeRunner:
     global _runner, _runner_pid
     with _runner_lock:
         if _runner is None or _runner_pid != os.getpid():
-            _runner, _runner_pid = EnvelopeRunner(worker_threads()), os.getpid()
+            _runner, _runner_pid = EnvelopeRunner(settings.SCHEDULER_WORKER_THREADS), os.getpid()
         return _runner
 
 
@@ -251,7 +245,7 @@ def shutdown() -> None:
         runner, _runner = _runner, None
     if runner is not None and _runner_pid == os.getpid():
         runner.close()
-    worker.stop_heartbeats()
+    stop_lease_renewer()
 
 
 @worker_process_shutdown.connect

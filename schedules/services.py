@@ -18,9 +18,10 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from dispatch import services as dispatch_services
+from dispatch import occurrences as dispatch_occurrences
 from dispatch.handlers import is_registered, registered_names
 from schedules.clock import db_now
+from schedules.cron_syntax import TimeRuleError, normalize_cron
 from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
 from schedules.models import (
     DEFINITION_FIELDS,
@@ -34,7 +35,7 @@ from schedules.models import (
     VersionChange,
     shard_for,
 )
-from schedules.timerules import TimeRule, TimeRuleError, normalize_cron, parse_timezone
+from schedules.timerules import TimeRule, parse_timezone
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ MAX_PREVIEW_COUNT = 100
 @dataclass(frozen=True)
 class CancelResult:
     schedule: Schedule
-    in_flight: list[dispatch_services.InFlight]
+    in_flight: list[dispatch_occurrences.InFlight]
 
 
 # --- validation -------------------------------------------------------------------------------------------
@@ -223,7 +224,7 @@ def _lock_for_change(schedule: Schedule, now: datetime) -> Schedule:
     silent omission (ARCHITECTURE rule 7)."""
     locked = _locked(schedule)
     if locked.state == ScheduleState.ACTIVE and locked.next_run_at is not None and locked.next_run_at <= now:
-        dispatch_services.record_owed_fires_as_missed(locked, until=now)
+        dispatch_occurrences.record_owed_fires_as_missed(locked, until=now)
     return locked
 
 
@@ -235,7 +236,7 @@ def _bump(schedule: Schedule, change: str, actor: str, now: datetime) -> None:
     schedule.version += 1
     schedule.save()
     _record_version(schedule, change, actor, now)
-    dispatch_services.invalidate_unclaimed_occurrences(
+    dispatch_occurrences.invalidate_unclaimed_occurrences(
         schedule.id, schedule.version, now, include_forced=change == VersionChange.CANCEL
     )
 
@@ -383,7 +384,7 @@ def cancel_schedule(schedule: Schedule, *, actor: str, now: datetime | None = No
             schedule.next_run_at = None
             _bump(schedule, VersionChange.CANCEL, actor, now)
             logger.info("canceled schedule %s", schedule.id, extra={"action": "cancel_schedule"})
-        in_flight = dispatch_services.in_flight_occurrences(schedule.id)
+        in_flight = dispatch_occurrences.in_flight_occurrences(schedule.id)
     return CancelResult(schedule=schedule, in_flight=in_flight)
 
 
@@ -396,6 +397,6 @@ def trigger_schedule(
         schedule = Schedule.objects.select_for_update().get(pk=schedule.pk)
         if schedule.state == ScheduleState.CANCELED:
             raise StateConflict("A canceled schedule cannot be triggered.")
-        occurrence_id = dispatch_services.trigger_manual_occurrence(schedule, now=now, trigger_key=trigger_key)
+        occurrence_id = dispatch_occurrences.trigger_manual_occurrence(schedule, now=now, trigger_key=trigger_key)
     logger.info("%s triggered schedule %s", actor, schedule.id, extra={"action": "trigger_schedule"})
     return occurrence_id

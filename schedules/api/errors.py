@@ -8,6 +8,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from dispatch.errors import ReplayRefused
 from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
 
 
@@ -16,6 +17,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, StateConflict):
         return Response({"detail": exc.message}, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, ReplayRefused):
+        # The data plane's own refusal: the occurrence is not dead, or its schedule is canceled.
+        return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
     if isinstance(exc, QuotaExceeded):
         return Response(
             {"detail": exc.message},

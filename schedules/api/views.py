@@ -11,7 +11,7 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from dispatch import services as dispatch_services
+from dispatch import occurrences as dispatch_occurrences
 from dispatch.models import Occurrence
 from schedules import services
 from schedules.api.filters import ScheduleFilter
@@ -192,7 +192,7 @@ class OccurrenceViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     @action(detail=True, methods=["post"])
     def replay(self, request: Request, occurrence_id: str | None = None) -> Response:
         occurrence = self.get_object()
-        dispatch_services.replay_dead_occurrence(occurrence.occurrence_id, now=db_now())
+        dispatch_occurrences.replay_dead_occurrence(occurrence.occurrence_id, now=db_now())
         return Response({"occurrence_id": str(occurrence.occurrence_id)}, status=status.HTTP_202_ACCEPTED)
 
 

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from django.conf import settings
 
-from dispatch.materializer import Materializer
+from dispatch.engine.materializer import Materializer
 from dispatch.models import ProcessHeartbeat, ShardLease
 
 

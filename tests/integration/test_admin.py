@@ -15,9 +15,9 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from dispatch import admin as dispatch_admin
 from dispatch.models import Attempt, Occurrence, OutboxMessage
-from schedules import admin as schedules_admin
+from scheduler_project import console as admin_console
+from schedules.admin import schedule as schedules_admin
 from schedules.models import Schedule, ScheduleVersion
 from schedules.services import (
     cancel_schedule,
@@ -157,7 +157,7 @@ def test_unfiltered_schedule_list_estimates_its_total_instead_of_counting_the_ta
         make_schedule(name=f"job-{index}")
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE schedules_schedule")
-    monkeypatch.setattr(dispatch_admin, "EXACT_COUNT_LIMIT", 1)
+    monkeypatch.setattr(admin_console, "EXACT_COUNT_LIMIT", 1)
 
     with CaptureQueriesContext(connection) as queries:
         response = console.get(SCHEDULES_URL)
@@ -175,11 +175,11 @@ def test_filtered_count_is_exact_below_the_limit_and_estimated_above_it(make_sch
         make_schedule(name=f"job-{index}")
     rows = Schedule.objects.filter(tenant=tenant_a.tenant)
 
-    exact = dispatch_admin.EstimatedCountPaginator(rows, 100)
+    exact = admin_console.EstimatedCountPaginator(rows, 100)
     assert (exact.count, exact.estimated) == (3, False)
 
-    monkeypatch.setattr(dispatch_admin, "EXACT_COUNT_LIMIT", 1)
-    estimated = dispatch_admin.EstimatedCountPaginator(rows, 100)
+    monkeypatch.setattr(admin_console, "EXACT_COUNT_LIMIT", 1)
+    estimated = admin_console.EstimatedCountPaginator(rows, 100)
     assert estimated.count >= 2
     assert estimated.estimated is True
 

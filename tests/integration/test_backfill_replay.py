@@ -13,8 +13,8 @@ from django.db import connection
 
 from dispatch import backfill as backfill_module
 from dispatch import partitions
+from dispatch.engine.materializer import Materializer
 from dispatch.identity import occurrence_id_for
-from dispatch.materializer import Materializer
 from dispatch.models import Occurrence, OccurrenceState, OutboxMessage
 from dispatch.reconcile import reconcile
 from schedules import services

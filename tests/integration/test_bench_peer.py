@@ -17,7 +17,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from dispatch.bench_peer import INSTALL_HINT, choose_t0, cpu_seconds, lag_summary, percentile
+from dispatch.bench.peer_beat import INSTALL_HINT, choose_t0, cpu_seconds, lag_summary, percentile
 
 ROOT = Path(__file__).resolve().parents[2]
 BEAT_INSTALLED = importlib.util.find_spec("django_celery_beat") is not None
@@ -133,7 +133,7 @@ def test_creates_due_rows_on_the_bench_queue_and_cleans_them_up():
         """
         from datetime import UTC, datetime
         from django_celery_beat.models import CrontabSchedule, PeriodicTask
-        from dispatch.bench_peer import PEER_QUEUE, PEER_TASK, PeerBeatBenchmark, PeerBeatConfig, choose_t0
+        from dispatch.bench.peer_beat import PEER_QUEUE, PEER_TASK, PeerBeatBenchmark, PeerBeatConfig, choose_t0
 
         run = PeerBeatBenchmark(PeerBeatConfig(tasks=120), out=open("/dev/null", "w"))
         run.migrate()
@@ -169,7 +169,7 @@ def test_refuses_a_database_with_periodic_tasks_of_its_own():
     through the re-executed child, so its refusal must reach the caller as a failed command."""
     run_under_bench_settings(
         """
-        from dispatch.bench_peer import PeerBeatBenchmark, PeerBeatConfig
+        from dispatch.bench.peer_beat import PeerBeatBenchmark, PeerBeatConfig
         PeerBeatBenchmark(PeerBeatConfig(tasks=1)).migrate()
         from django_celery_beat.models import IntervalSchedule, PeriodicTask
         every, _ = IntervalSchedule.objects.get_or_create(every=1, period="days")

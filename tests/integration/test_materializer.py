@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection, connections
 
-from dispatch.materializer import Materializer
+from dispatch.engine.materializer import Materializer
 from dispatch.models import Occurrence, OutboxMessage, ProcessHeartbeat, ShardLease
 from schedules.models import Schedule
 from schedules.services import create_schedule, update_schedule

@@ -7,9 +7,9 @@ from datetime import timedelta
 from django.db import connection
 from django.test import Client
 
-from dispatch.envelopes import Fire, write_envelopes
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence
+from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
 from schedules.clock import db_now
 from schedules.services import create_schedule
@@ -45,7 +45,7 @@ def test_metrics_report_outbox_depth_dlq_size_and_recent_lag(tenant_a):
     )
     later = now + timedelta(minutes=5)
     with connection.cursor() as cursor:
-        write_envelopes(
+        enqueue(
             cursor, [Fire(occurrence_id_for(schedule.id, 1, later), later, tenant_a.tenant.id, STRICT_QUEUE, later, 0)]
         )
     values = scrape()

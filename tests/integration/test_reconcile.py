@@ -13,10 +13,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from dispatch import reconcile as reconcile_module
+from dispatch.engine.materializer import Materializer
+from dispatch.history import VersionSpan, expected_fires, version_spans
 from dispatch.identity import occurrence_id_for
-from dispatch.materializer import Materializer
 from dispatch.models import Occurrence, OccurrenceState
-from dispatch.reconcile import VersionSpan, expected_fires, reconcile, version_spans
+from dispatch.reconcile import reconcile
 from schedules import services
 from schedules.models import Schedule, ScheduleVersion
 from tests.integration.support import materializer_holding_every_shard, run_materializer

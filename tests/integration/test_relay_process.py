@@ -16,9 +16,9 @@ from django.conf import settings
 from django.db import connection
 from kombu import Connection
 
-from dispatch.envelopes import Fire, write_envelopes
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OutboxMessage
+from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
 from schedules.clock import db_now
 from schedules.services import create_schedule
@@ -81,7 +81,7 @@ def seed_envelopes(tenant, count: int) -> set[str]:
     Occurrence.objects.bulk_create(rows)
     fires = [Fire(r.occurrence_id, r.scheduled_for, tenant.id, STRICT_QUEUE, r.available_at, 0) for r in rows]
     with connection.cursor() as cursor:
-        write_envelopes(cursor, fires, size=1)
+        enqueue(cursor, fires, size=1)
     return {str(r.occurrence_id) for r in rows}
 
 

@@ -10,11 +10,11 @@ from datetime import timedelta
 import pytest
 from django.db import connection, connections
 
-from dispatch.envelopes import Fire, write_envelopes
+from dispatch.engine.relay import Relay
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OutboxMessage
+from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
-from dispatch.relay import Relay
 from schedules.clock import db_now
 from schedules.services import cancel_schedule, create_schedule
 from tests.integration.test_relay_process import drain_queue
@@ -39,7 +39,7 @@ def staged_fire(tenant, name: str, *, at, priority: int = 0):
         priority=priority,
     )
     with connection.cursor() as cursor:
-        write_envelopes(cursor, [Fire(occurrence.occurrence_id, at, tenant.id, STRICT_QUEUE, at, priority)])
+        enqueue(cursor, [Fire(occurrence.occurrence_id, at, tenant.id, STRICT_QUEUE, at, priority)])
     return schedule, occurrence
 
 

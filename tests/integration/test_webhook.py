@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-import dispatch.webhook  # noqa: F401 - registers the "webhook" handler
+import dispatch.handlers.webhook  # noqa: F401 - registers the "webhook" handler
+from dispatch.engine.worker import Claim, complete, run_claimed, try_claim
 from dispatch.identity import utc_key
 from dispatch.models import Attempt, Occurrence, OccurrenceState
-from dispatch.worker import claim, complete, run_claimed
 from schedules import services
 from schedules.clock import db_now
 from tests.integration.support import occurrence_row
@@ -112,9 +112,10 @@ def webhook_occurrence(tenant, payload: dict[str, Any], **fields: Any) -> Occurr
 
 def deliver(occurrence: Occurrence, now: datetime | None = None) -> str:
     """One delivery through the worker service (no heartbeat thread: these tests roll back their rows)."""
-    claimed = claim(occurrence.occurrence_id, occurrence.scheduled_for, "test-worker", now=now)
+    claimed = try_claim(occurrence.occurrence_id, occurrence.scheduled_for, "test-worker", now=now)
+    assert isinstance(claimed, Claim)
     assert claimed is not None
-    return complete(claimed, run_claimed(claimed, heartbeat=False), now=now)
+    return complete(claimed, run_claimed(claimed, renew_lease=False), now=now)
 
 
 def last_attempt(occurrence: Occurrence) -> Attempt:

@@ -11,15 +11,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.db.models import F
 from prometheus_client import REGISTRY
 
-from dispatch import tasks, worker
+from dispatch import tasks
+from dispatch.engine import retry, worker
+from dispatch.engine.leases import reap_expired_leases
+from dispatch.engine.worker import Claim, complete, run_claimed, try_claim
 from dispatch.envelopes import BODY_VERSION
 from dispatch.identity import utc_key
 from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
-from dispatch.worker import Claim, claim, complete, reap_expired_leases, run_claimed, try_claim
 from schedules import services
 from schedules.clock import db_now
 from schedules.models import Schedule, ScheduleState
@@ -68,11 +71,12 @@ def add_occurrence(
 
 
 def claim_of(occurrence: Occurrence, now: datetime | None = None) -> Claim | None:
-    return claim(occurrence.occurrence_id, occurrence.scheduled_for, WORKER, now=now)
+    outcome = try_claim(occurrence.occurrence_id, occurrence.scheduled_for, WORKER, now=now)
+    return outcome if isinstance(outcome, Claim) else None
 
 
-def run_and_complete(claimed: Claim, now: datetime | None = None, *, heartbeat: bool = False) -> str:
-    return complete(claimed, run_claimed(claimed, heartbeat=heartbeat), now=now)
+def run_and_complete(claimed: Claim, now: datetime | None = None, *, renew_lease: bool = False) -> str:
+    return complete(claimed, run_claimed(claimed, renew_lease=renew_lease), now=now)
 
 
 def state_of(occurrence: Occurrence) -> str:
@@ -217,7 +221,7 @@ def test_an_old_generation_is_fenced_after_its_lease_expired_and_a_new_attempt_c
     second = claim_of(occurrence, now=now + timedelta(seconds=31))
     assert second is not None and second.generation == 2
 
-    assert complete(first, worker.RunResult("succeeded"), now=now + timedelta(seconds=32)) == "fenced"
+    assert complete(first, retry.RunResult("succeeded"), now=now + timedelta(seconds=32)) == "fenced"
     assert state_of(occurrence) == OccurrenceState.RUNNING
     assert occurrence.attempt_count == 2
     assert run_and_complete(second) == OccurrenceState.SUCCEEDED
@@ -232,7 +236,7 @@ def test_a_fenced_attempt_does_not_run_its_handler(tenant):
     first = claim_of(occurrence, now=now)
     assert claim_of(occurrence, now=now + timedelta(hours=1)) is not None
 
-    result = run_claimed(first, heartbeat=False)
+    result = run_claimed(first, renew_lease=False)
 
     assert result.outcome == "fenced"
     assert effects() == {}
@@ -272,7 +276,7 @@ def test_the_backoff_ceiling_doubles_per_attempt_up_to_the_cap():
         def uniform(low: float, high: float) -> float:
             return high
 
-    ceilings = [worker.retry_backoff(n, base=1, cap=300, rng=Top()) for n in (1, 2, 3, 9, 10, 20)]
+    ceilings = [retry.retry_backoff(n, base=1, cap=300, rng=Top()) for n in (1, 2, 3, 9, 10, 20)]
 
     assert ceilings == [1, 2, 4, 256, 300, 300]
 
@@ -331,7 +335,7 @@ def test_the_handler_receives_its_context(tenant):
     assert (context.attempt, context.payload, context.handler) == (1, {"seconds": 0}, "sleep")
     assert not context.cancel_event.is_set()
     assert context.deadline > claimed.claimed_at
-    assert 0 < context.seconds_left() <= worker.handler_timeout_seconds()
+    assert 0 < context.seconds_left() <= settings.SCHEDULER_HANDLER_TIMEOUT_SECONDS
 
 
 # --- version re-check and cancel -----------------------------------------------------------------------------
@@ -445,7 +449,7 @@ def test_queue_one_parks_one_occurrence_behind_a_running_one_and_skips_the_rest(
     assert try_claim(second.occurrence_id, second.scheduled_for, WORKER, now=later).reason == "overlap_waiting"
     assert envelopes_for(second) == 2
 
-    complete(running, worker.RunResult("succeeded"), now=later)
+    complete(running, retry.RunResult("succeeded"), now=later)
     claimed = claim_of(second, now=later + timedelta(seconds=5))
     assert claimed is not None and claimed.generation == 1
 
@@ -512,7 +516,7 @@ def run_in_background(claimed: Claim) -> tuple[threading.Thread, dict[str, str]]
 
     def body() -> None:
         try:
-            result["outcome"] = run_and_complete(claimed, heartbeat=True)
+            result["outcome"] = run_and_complete(claimed, renew_lease=True)
         finally:
             connection.close()
 

@@ -23,11 +23,12 @@ from django.conf import settings
 from django.db import connection
 from kombu import Connection, Exchange, Queue
 
-from dispatch.envelopes import BODY_VERSION, RUN_ENVELOPE_TASK, Fire, message_headers, task_id_for, write_envelopes
+from dispatch.engine.leases import reap_expired_leases
+from dispatch.envelopes import BODY_VERSION, RUN_ENVELOPE_TASK, message_headers, task_id_for
 from dispatch.identity import occurrence_id_for, utc_key
 from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
+from dispatch.outbox import Fire, enqueue
 from dispatch.queues import queue_for_lane
-from dispatch.worker import reap_expired_leases
 from scheduler_project.celery import app
 from schedules import services
 from schedules.clock import db_now
@@ -211,7 +212,7 @@ def write_outbox(occurrences: list[Occurrence]) -> list[OutboxMessage]:
     ]
     ids = [o.occurrence_id for o in occurrences]
     with connection.cursor() as cursor:
-        write_envelopes(cursor, fires)
+        enqueue(cursor, fires)
     return list(OutboxMessage.objects.filter(occurrence_ids__overlap=ids).order_by("id"))
 
 

@@ -11,14 +11,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from schedules.timerules import (
-    TimeRule,
-    TimeRuleError,
-    describe_cron,
-    local_time,
-    normalize_cron,
-    parse_timezone,
-)
+from schedules.cron_syntax import TimeRuleError, normalize_cron
+from schedules.cron_text import describe_cron
+from schedules.timerules import TimeRule, local_time, parse_timezone
 
 
 def utc(*args: int) -> datetime:

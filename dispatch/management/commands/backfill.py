@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dispatch.backfill import BackfillRefused, backfill_schedule, describe, parse_schedule_id
-from dispatch.reconcile import ReconcileInputError, parse_instant
+from dispatch.backfill import backfill_schedule, describe, parse_schedule_id
+from dispatch.errors import BackfillRefused, ReconcileInputError
+from dispatch.reconcile import parse_instant
 
 
 class Command(BaseCommand):

@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dispatch.bench import BenchRefused, BurstBenchmark, BurstConfig, result_line
-from dispatch.bench_peer import (
+from dispatch.bench.burst import BenchRefused, BurstBenchmark, BurstConfig
+from dispatch.bench.peer_beat import (
     INSTALL_HINT,
     PeerBeatBenchmark,
     PeerBeatConfig,
@@ -17,6 +17,7 @@ from dispatch.bench_peer import (
     beat_installed,
     run_under_bench_settings,
 )
+from dispatch.bench.processes import result_line
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from dispatch.materializer import Materializer
+from dispatch.engine.materializer import Materializer
 
 
 class Command(BaseCommand):

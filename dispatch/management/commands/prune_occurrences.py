@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
 from dispatch.partitions import PARTITIONED_TABLES, drop_partitions_before, existing_partition_days, partition_name
+from dispatch.sql import maintenance as maintenance_sql
 from schedules.clock import db_now
 
 # Two weeks covers a weekend outage plus the investigation after it; SCHEDULER_RETENTION_DAYS overrides it.
@@ -61,5 +62,5 @@ class Command(BaseCommand):
 def _default_rows_before(table: str, cutoff: date) -> int:
     """Rows of days that had no partition when written (they landed in DEFAULT); pruning deletes them."""
     with connection.cursor() as cursor:
-        cursor.execute(f'SELECT count(*) FROM "public"."{table}_default" WHERE scheduled_for < %s', [cutoff])
+        cursor.execute(maintenance_sql.COUNT_DEFAULT_BEFORE.format(parent=table), [cutoff])
         return cursor.fetchone()[0]

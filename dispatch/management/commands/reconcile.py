@@ -7,7 +7,8 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dispatch.reconcile import RECONCILE_GRACE_SECONDS, ReconcileInputError, ReconcileReport, parse_instant, reconcile
+from dispatch.errors import ReconcileInputError
+from dispatch.reconcile import RECONCILE_GRACE_SECONDS, ReconcileReport, parse_instant, reconcile
 from tenants.models import Tenant
 
 # Gaps printed by the command; the report's counts are always complete.

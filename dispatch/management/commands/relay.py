@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dispatch.relay import Relay
+from dispatch.engine.relay import Relay
 
 
 class Command(BaseCommand):

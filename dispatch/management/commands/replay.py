@@ -6,7 +6,8 @@ import uuid
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dispatch.replay import ReplayRefused, replay_dead, replay_one
+from dispatch.errors import ReplayRefused
+from dispatch.occurrences import replay_dead, replay_one
 from tenants.models import Tenant
 
 

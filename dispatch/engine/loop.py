@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
@@ -65,3 +68,8 @@ def run_loop(
 
 def monotonic() -> float:
     return time.monotonic()
+
+
+def default_process_name(role: str) -> str:
+    """Unique across hosts, restarts and processes: leases, heartbeats and attempts name their owner by it."""
+    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"

@@ -1,107 +1,42 @@
-"""Operator console for the control plane: schedules listed in words and local time, changed only through services."""
+"""The schedule ModelAdmin: every tenant's schedules for operators, changed only through schedules.services."""
 
 from __future__ import annotations
 
 import logging
-import zoneinfo
 from collections import defaultdict
-from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
+from collections.abc import Callable
 from typing import Any
 
-from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import reverse
 
-from dispatch.admin import EstimatedCountPaginator, TenantFilter, parse_uuid
 from dispatch.handlers import registered_names
-from dispatch.models import Occurrence
-from schedules.clock import db_now
+from scheduler_project.console import EstimatedCountPaginator, TenantFilter, parse_uuid
+from schedules.admin.details import schedule_details
+from schedules.admin.formatting import describe_schedule, format_local, format_utc
+from schedules.admin.forms import ScheduleChangeForm
 from schedules.errors import ScheduleInvalid, StateConflict
-from schedules.models import DEFINITION_FIELDS, Kind, Schedule, ScheduleState, ScheduleVersion
+from schedules.models import Schedule, ScheduleState
 from schedules.services import (
     CancelResult,
     cancel_schedule,
-    clean_definition,
     pause_schedule,
-    preview_fires,
     resume_schedule,
     update_schedule,
 )
-from schedules.timerules import TimeRuleError, describe_cron, local_time
 
-logger = logging.getLogger(__name__)
+# Named after the package, as before it was split into modules, so log lines keep their logger name.
+logger = logging.getLogger("schedules.admin")
 
-admin.site.site_header = "Scheduler operator console"
-admin.site.site_title = "Scheduler operator console"
-admin.site.index_title = "Operations"
-# The public host serves no site at "/": the header links to /metrics instead (templates/admin/base_site.html).
-admin.site.site_url = None
-
-PREVIEW_FIRES = 10
-RECENT_OCCURRENCES = 20
-VERSION_HISTORY_LIMIT = 50
 # Every schedule in a bulk action is a locked transaction of its own; "select all" over 20 M rows must not
 # turn one click into hours of row locks, so larger selections are refused with a hint to filter first.
 MAX_BULK_ACTION_SCHEDULES = 1000
 # Names quoted per skip reason in a message; the rest are counted.
 MAX_NAMES_IN_MESSAGE = 5
-
-
-# --- how instants and rules read ----------------------------------------------------------------------------
-
-
-def _clock(value: datetime) -> str:
-    # Cron fires land on whole minutes; seconds only appear when a one-off asked for them.
-    return "%Y-%m-%d %H:%M:%S" if value.second or value.microsecond else "%Y-%m-%d %H:%M"
-
-
-def format_utc(instant: datetime | None) -> str:
-    if instant is None:
-        return "—"
-    instant = instant.astimezone(UTC)
-    return f"{instant.strftime(_clock(instant))} UTC"
-
-
-def format_local(instant: datetime | None, timezone: str, *, with_offset: bool = False) -> str:
-    """Wall-clock time in the schedule's zone with its abbreviation, e.g. '2026-12-01 02:30 EST'."""
-    if instant is None:
-        return "—"
-    try:
-        local = local_time(instant, timezone)
-    except TimeRuleError:
-        return format_utc(instant)
-    text = f"{local.strftime(_clock(local))} {local.tzname()}"
-    if with_offset:
-        text += f" (UTC{local.strftime('%z')[:3]}:{local.strftime('%z')[3:]})"
-    return text
-
-
-def describe_schedule(schedule: Schedule) -> str:
-    """'At 02:30 every day (America/New_York)' or 'Once at 2026-12-01 09:00 EST (America/New_York)'."""
-    if schedule.kind == Kind.ONCE:
-        return f"Once at {format_local(schedule.run_at, schedule.timezone)} ({schedule.timezone})"
-    try:
-        text = describe_cron(schedule.cron or "")
-    except TimeRuleError:
-        text = schedule.cron or "?"
-    return f"{text} ({schedule.timezone})"
-
-
-def summarize_definition(definition: dict[str, Any]) -> str:
-    if definition.get("kind") == Kind.ONCE:
-        when = f"once at {definition.get('run_at')}"
-    else:
-        when = f"cron '{definition.get('cron')}'"
-    return (
-        f"{when} in {definition.get('timezone')}; handler {definition.get('handler')}; "
-        f"{definition.get('lane')} lane; priority {definition.get('priority')}; state {definition.get('state')}"
-    )
 
 
 def operator_actor(request: HttpRequest) -> str:
@@ -122,75 +57,6 @@ class HandlerFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         return queryset.filter(handler=self.value()) if self.value() else queryset
-
-
-# --- the change form ------------------------------------------------------------------------------------
-
-
-class ScheduleChangeForm(forms.ModelForm):
-    """The definition, validated by the same rules as the API (services.clean_definition).
-
-    It never saves the model itself: ScheduleAdmin.save_model hands `definition_changes()` to update_schedule,
-    which writes a new version. `seen_version` rejects a save over a version the operator never saw.
-    """
-
-    seen_version = forms.IntegerField(widget=forms.HiddenInput)
-    handler = forms.ChoiceField()
-    timezone = forms.ChoiceField(help_text="IANA zone: cron fields are wall-clock time in this zone.")
-
-    class Meta:
-        model = Schedule
-        fields = DEFINITION_FIELDS
-        labels = {"run_at": "Run at (UTC)"}
-        help_texts = {
-            "cron": "5 fields: minute hour day-of-month month day-of-week (kind 'cron' only).",
-            "run_at": "The single fire of a schedule of kind 'once'.",
-        }
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.stored = {field: getattr(self.instance, field) for field in DEFINITION_FIELDS}
-        self.definition: dict[str, Any] = {}
-        self.fields["seen_version"].initial = self.instance.version
-        self.fields["handler"].choices = _choices(registered_names(), self.instance.handler)
-        self.fields["timezone"].choices = _choices(_zone_names(), self.instance.timezone)
-
-    def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
-        seen = cleaned.get("seen_version")
-        current = Schedule.objects.filter(pk=self.instance.pk).values_list("version", flat=True).first()
-        if seen is not None and current is not None and seen != current:
-            raise forms.ValidationError(
-                f"This schedule changed while you were editing it (you saw version {seen}, it is now "
-                f"version {current}). Reload the page and apply your change again."
-            )
-        if self.instance.state == ScheduleState.CANCELED:
-            raise forms.ValidationError("A canceled schedule cannot be changed.")
-        if self.errors:
-            return cleaned
-        # The field of the other kind is dropped rather than reported: the form shows both at once.
-        if cleaned.get("kind") == Kind.ONCE:
-            cleaned["cron"] = None
-        elif cleaned.get("kind") == Kind.CRON:
-            cleaned["run_at"] = None
-        try:
-            self.definition = clean_definition({field: cleaned.get(field) for field in DEFINITION_FIELDS})
-        except ScheduleInvalid as exc:
-            for field, field_errors in exc.errors.items():
-                self.add_error(field if field in self.fields else None, field_errors)
-        return cleaned
-
-    def definition_changes(self) -> dict[str, Any]:
-        return {field: value for field, value in self.definition.items() if value != self.stored[field]}
-
-
-def _choices(names: Iterable[str], current: str | None) -> list[tuple[str, str]]:
-    values = sorted(set(names) | ({current} if current else set()))
-    return [(value, value) for value in values]
-
-
-def _zone_names() -> set[str]:
-    return zoneinfo.available_timezones() - {"localtime", "posixrules", "Factory"}
 
 
 # --- the admin --------------------------------------------------------------------------------------------
@@ -483,85 +349,3 @@ def _names(names: list[str]) -> str:
     if len(names) > MAX_NAMES_IN_MESSAGE:
         shown += f" and {len(names) - MAX_NAMES_IN_MESSAGE} more"
     return shown
-
-
-# --- the detail tables ----------------------------------------------------------------------------------
-
-
-def schedule_details(schedule: Schedule) -> dict[str, Any]:
-    """Context for the change page: next fires from the database clock, version history, recent occurrences."""
-    now = db_now()
-    return {
-        "preview_now": format_utc(now),
-        **_next_fires(schedule, now),
-        "version_rows": _version_rows(schedule),
-        "version_limit": VERSION_HISTORY_LIMIT,
-        "recent_occurrences": _recent_occurrences(schedule),
-        "recent_limit": RECENT_OCCURRENCES,
-    }
-
-
-def _next_fires(schedule: Schedule, now: datetime) -> dict[str, Any]:
-    if schedule.state in (ScheduleState.CANCELED, ScheduleState.COMPLETED):
-        return {"next_fires": [], "fires_note": f"No upcoming fires: the schedule is {schedule.state}."}
-    try:
-        fires = preview_fires(schedule.time_rule, after=now, count=PREVIEW_FIRES)
-    except TimeRuleError as exc:
-        return {"next_fires": [], "fires_note": f"The time rule cannot be evaluated: {exc.message}"}
-    note = ""
-    if schedule.state == ScheduleState.PAUSED:
-        note = "Paused: these are the fires the rule describes; none happens until the schedule is resumed."
-    elif not fires:
-        note = "The rule has no fire after now."
-    rows = [
-        {"utc": format_utc(fire), "local": format_local(fire, schedule.timezone, with_offset=True)} for fire in fires
-    ]
-    return {"next_fires": rows, "fires_note": note}
-
-
-def _version_rows(schedule: Schedule) -> list[dict[str, Any]]:
-    versions = list(
-        ScheduleVersion.objects.filter(schedule_id=schedule.pk).order_by("-version")[: VERSION_HISTORY_LIMIT + 1]
-    )
-    rows = []
-    for index, version in enumerate(versions[:VERSION_HISTORY_LIMIT]):
-        older = versions[index + 1] if index + 1 < len(versions) else None
-        changed = []
-        if older is not None:
-            changed = sorted(
-                key
-                for key in set(version.definition) | set(older.definition)
-                if version.definition.get(key) != older.definition.get(key)
-            )
-        rows.append(
-            {
-                "version": version.version,
-                "change": version.get_change_display(),
-                "valid_from": format_utc(version.valid_from),
-                "valid_to": format_utc(version.valid_to) if version.valid_to else "current",
-                "actor": version.actor,
-                "summary": summarize_definition(version.definition),
-                "changed": ", ".join(changed),
-            }
-        )
-    return rows
-
-
-def _recent_occurrences(schedule: Schedule) -> list[dict[str, Any]]:
-    # Served by the index (schedule, -scheduled_for).
-    occurrences = Occurrence.objects.filter(schedule_id=schedule.pk).order_by("-scheduled_for")[:RECENT_OCCURRENCES]
-    return [
-        {
-            "url": reverse("admin:dispatch_occurrence_change", args=[occurrence.occurrence_id]),
-            "occurrence_id": occurrence.occurrence_id,
-            "version": occurrence.schedule_version,
-            "state": occurrence.state,
-            "manual": occurrence.manual,
-            "scheduled_for": format_utc(occurrence.scheduled_for),
-            "scheduled_for_local": format_local(occurrence.scheduled_for, schedule.timezone),
-            "enqueued_at": format_utc(occurrence.enqueued_at),
-            "finished_at": format_utc(occurrence.finished_at),
-            "attempt_count": occurrence.attempt_count,
-        }
-        for occurrence in occurrences
-    ]

@@ -1,4 +1,8 @@
-"""State changes of occurrences that the control plane triggers: invalidation, manual fires, in-flight reports."""
+"""The one service for occurrence state changes outside the engine's hot loops.
+
+The control plane calls it for invalidation, owed fires, in-flight reports and manual triggers; the API, the
+console and the `replay` command for the DLQ. Every transition is a conditional UPDATE on the expected state.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,13 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
-from dispatch import sql
-from dispatch.envelopes import Fire, write_envelopes
+from dispatch.errors import ReplayRefused
 from dispatch.identity import manual_occurrence_id_for, occurrence_id_for
 from dispatch.models import IN_FLIGHT_STATES, UNCLAIMED_STATES, Occurrence, OccurrenceState
-from dispatch.queues import queue_for_lane
-from schedules.errors import StateConflict
+from dispatch.outbox import Fire, enqueue
+from dispatch.sql import maintenance as maintenance_sql
+from dispatch.sql import outbox as outbox_sql
+from schedules.clock import db_now
 from schedules.models import Schedule, ScheduleState
 
 logger = logging.getLogger(__name__)
@@ -26,18 +31,18 @@ class InFlight:
     state: str
 
 
-def enqueue_occurrence(occurrence: Occurrence, *, available_at: datetime) -> None:
+def _enqueue_one(occurrence: Occurrence, *, available_at: datetime) -> None:
     """Put one occurrence in the outbox (its own envelope), in the caller's transaction."""
-    fire = Fire(
-        occurrence_id=occurrence.occurrence_id,
-        scheduled_for=occurrence.scheduled_for,
+    fire = Fire.for_lane(
+        occurrence.occurrence_id,
+        occurrence.scheduled_for,
         tenant_id=occurrence.tenant_id,
-        queue=queue_for_lane(occurrence.lane),
+        lane=occurrence.lane,
         available_at=available_at,
         priority=occurrence.priority,
     )
     with connection.cursor() as cursor:
-        write_envelopes(cursor, [fire])
+        enqueue(cursor, [fire])
 
 
 def invalidate_unclaimed_occurrences(
@@ -56,7 +61,7 @@ def invalidate_unclaimed_occurrences(
     canceled = withdrawn.update(state=OccurrenceState.CANCELED, finished_at=now)
     if canceled:
         with connection.cursor() as cursor:
-            cursor.execute(sql.BUMP_INVALIDATION)
+            cursor.execute(outbox_sql.BUMP_INVALIDATION)
         logger.info(
             "canceled %d unclaimed occurrences of schedule %s below version %d",
             canceled,
@@ -132,7 +137,7 @@ def trigger_manual_occurrence(schedule, *, now: datetime, trigger_key: str | Non
             },
         )
         if created:
-            enqueue_occurrence(occurrence, available_at=now)
+            _enqueue_one(occurrence, available_at=now)
     logger.info(
         "manual trigger of schedule %s -> occurrence %s (new=%s)",
         schedule.id,
@@ -149,11 +154,75 @@ def replay_dead_occurrence(occurrence_id: uuid.UUID, *, now: datetime) -> None:
         occurrence = Occurrence.objects.select_for_update().filter(occurrence_id=occurrence_id).first()
         if occurrence is None or occurrence.state != OccurrenceState.DEAD:
             state = occurrence.state if occurrence else "unknown"
-            raise StateConflict(f"Only a dead occurrence can be replayed; this one is {state}.")
+            raise ReplayRefused(f"Only a dead occurrence can be replayed; this one is {state}.")
         if Schedule.objects.filter(pk=occurrence.schedule_id, state=ScheduleState.CANCELED).exists():
-            raise StateConflict("The schedule of this occurrence is canceled; it would not run.")
+            raise ReplayRefused("The schedule of this occurrence is canceled; it would not run.")
         Occurrence.objects.filter(occurrence_id=occurrence_id, state=OccurrenceState.DEAD).update(
             state=OccurrenceState.SCHEDULED, available_at=now, finished_at=None, forced=True
         )
-        enqueue_occurrence(occurrence, available_at=now)
+        _enqueue_one(occurrence, available_at=now)
     logger.info("replayed dead occurrence %s", occurrence_id, extra={"action": "replay"})
+
+
+# --- replay from the DLQ -----------------------------------------------------------------------------------------
+
+# Dead occurrences replayed per transaction: row locks and the outbox insert stay short.
+REPLAY_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    replayed: int
+    left_canceled: int  # dead occurrences of canceled schedules: not replayed, they would not run
+
+
+def replay_dead(
+    *, tenant_id: int | None = None, now: datetime | None = None, batch: int = REPLAY_BATCH
+) -> ReplayResult:
+    """Re-enqueue every dead occurrence (of one tenant), same ids, in batches; returns the counts."""
+    now = now or db_now()
+    replayed = 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(maintenance_sql.REPLAY_DEAD_BATCH, {"tenant_id": tenant_id, "now": now, "limit": batch})
+            rows = cursor.fetchall()
+            if not rows:
+                break
+            fires = [
+                Fire.for_lane(
+                    occurrence_id, scheduled_for, tenant_id=row_tenant, lane=lane, available_at=now, priority=priority
+                )
+                for occurrence_id, scheduled_for, row_tenant, lane, priority in rows
+            ]
+            enqueue(cursor, fires)
+        replayed += len(rows)
+        logger.info("replayed %d dead occurrences", len(rows), extra={"action": "replay_batch"})
+    with connection.cursor() as cursor:
+        cursor.execute(maintenance_sql.COUNT_DEAD_OF_CANCELED, {"tenant_id": tenant_id})
+        left_canceled = cursor.fetchone()[0]
+    if left_canceled:
+        logger.info(
+            "left %d dead occurrences of canceled schedules", left_canceled, extra={"action": "replay_skip_canceled"}
+        )
+    return ReplayResult(replayed=replayed, left_canceled=left_canceled)
+
+
+def replay_one(occurrence_id: uuid.UUID, *, now: datetime | None = None) -> Occurrence:
+    """Re-enqueue one dead occurrence; ReplayRefused names the reason when it is unknown, not dead or canceled."""
+    occurrence = Occurrence.objects.filter(occurrence_id=occurrence_id).first()
+    if occurrence is None:
+        raise ReplayRefused(f"No occurrence with id {occurrence_id}.")
+    if occurrence.state != OccurrenceState.DEAD:
+        raise ReplayRefused(
+            f"Occurrence {occurrence_id} is {occurrence.state}; only a dead occurrence can be replayed."
+        )
+    if Schedule.objects.filter(pk=occurrence.schedule_id, state=ScheduleState.CANCELED).exists():
+        raise ReplayRefused(
+            f"The schedule {occurrence.schedule_id} of occurrence {occurrence_id} is canceled; a replay would not run."
+        )
+    try:
+        # The service re-checks both conditions under the row lock: the checks above only make the message precise.
+        replay_dead_occurrence(occurrence_id, now=now or db_now())
+    except ReplayRefused as exc:
+        raise ReplayRefused(f"Occurrence {occurrence_id}: {exc}") from None
+    return Occurrence.objects.get(occurrence_id=occurrence_id, scheduled_for=occurrence.scheduled_for)

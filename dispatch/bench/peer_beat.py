@@ -49,7 +49,7 @@ from kombu import Connection as BrokerConnection
 from kombu import Consumer, Exchange, Queue
 from tqdm import tqdm
 
-from dispatch.bench import PROJECT_ROOT, _database_url, _rss_peak_mb
+from dispatch.bench.processes import PROJECT_ROOT, database_url, rss_peak_mb
 
 PEER_QUEUE = "bench.peer"
 PEER_TASK = "bench.peer_noop"
@@ -164,7 +164,7 @@ def run_under_bench_settings(config: PeerBeatConfig, out: TextIO) -> int:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": BENCH_SETTINGS,
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
         REEXEC_ENV: "1",
     }
@@ -317,7 +317,7 @@ class PeerBeatBenchmark:
         env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": BENCH_SETTINGS,
-            "DATABASE_URL": _database_url(),
+            "DATABASE_URL": database_url(),
             "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
             "SCHEDULER_LOG_LEVEL": "WARNING",
         }
@@ -332,7 +332,7 @@ class PeerBeatBenchmark:
         """Beat's peak RSS and CPU time, then SIGTERM (beat writes its dirty rows back on exit, no longer needed)."""
         if self.beat is None:
             return None
-        peak = _rss_peak_mb(self.beat.pid)
+        peak = rss_peak_mb(self.beat.pid)
         self.beat_cpu_s = cpu_seconds(self.beat.pid)
         if self.beat.poll() is None:
             self.beat.send_signal(signal.SIGTERM)

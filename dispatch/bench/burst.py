@@ -17,9 +17,8 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -27,6 +26,7 @@ from django.db import connection
 from kombu import Connection as BrokerConnection
 from tqdm import tqdm
 
+from dispatch.bench.processes import PROJECT_ROOT, children_rss_peak_mb, database_url
 from schedules.clock import db_now
 from schedules.models import shard_for
 from tenants.models import Tenant
@@ -37,7 +37,6 @@ logger = logging.getLogger(__name__)
 BENCH_TENANT_PREFIX = "bench-"
 BENCH_STRICT_QUEUE = "bench.scheduler.strict"
 BENCH_FLEXIBLE_QUEUE = "bench.scheduler.flexible"
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class BenchRefused(Exception):
@@ -56,33 +55,6 @@ class BurstConfig:
     deadline_seconds: float = 120.0
     keep: bool = False
     lags_out: str | None = None
-
-
-@dataclass
-class BurstResult:
-    data: dict[str, Any] = field(default_factory=dict)
-
-
-def _rss_peak_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
-
-
-def _children_rss_peak_mb(pid: int) -> float | None:
-    """Peak RSS of a process and its children (a management command may fork); the largest one."""
-    peaks = [_rss_peak_mb(pid)]
-    try:
-        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-            peaks.append(_rss_peak_mb(int(child)))
-    except OSError:
-        pass
-    known = [p for p in peaks if p is not None]
-    return max(known) if known else None
 
 
 class BurstBenchmark:
@@ -258,7 +230,7 @@ class BurstBenchmark:
                 "SCHEDULER_FLEXIBLE_QUEUE": BENCH_FLEXIBLE_QUEUE,
                 "SCHEDULER_HORIZON_SECONDS": str(horizon),
                 "SCHEDULER_LOG_LEVEL": "WARNING",
-                "DATABASE_URL": _database_url(),
+                "DATABASE_URL": database_url(),
             }
         )
         return env
@@ -284,7 +256,7 @@ class BurstBenchmark:
             )
 
     def stop_processes(self) -> dict[str, float | None]:
-        peaks = {name: _children_rss_peak_mb(proc.pid) for name, proc in self.processes}
+        peaks = {name: children_rss_peak_mb(proc.pid) for name, proc in self.processes}
         for _, proc in self.processes:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -508,20 +480,3 @@ class BurstBenchmark:
         for name, proc in self.processes:
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with code {proc.returncode}")
-
-
-def _database_url() -> str:
-    params = connection.settings_dict
-    user = params.get("USER") or "postgres"
-    password = f":{params['PASSWORD']}" if params.get("PASSWORD") else ""
-    host = params.get("HOST") or "127.0.0.1"
-    port = params.get("PORT") or 5432
-    return f"postgres://{user}{password}@{host}:{port}/{params['NAME']}"
-
-
-def result_line(result: dict[str, Any]) -> str:
-    return json.dumps(result, default=str, sort_keys=False)
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import socket
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -21,23 +19,19 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
-from dispatch import sql
-from dispatch.envelopes import Fire, write_envelopes
-from dispatch.loop import StopFlag, monotonic, run_loop
+from dispatch.engine.leases import reap_expired_leases
+from dispatch.engine.loop import StopFlag, default_process_name, monotonic, run_loop
 from dispatch.models import OccurrenceState
+from dispatch.outbox import Fire, enqueue
 from dispatch.partitions import ensure_partitions
 from dispatch.planning import DueSchedule, Plan, plan_schedule
-from dispatch.queues import queue_for_lane
-from dispatch.worker import reap_expired_leases
+from dispatch.sql import leases as lease_sql
+from dispatch.sql import materialize as materialize_sql
 from schedules.clock import db_now
 
 logger = logging.getLogger(__name__)
 
 ROLE = "materializer"
-
-
-def default_process_name(role: str) -> str:
-    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 class Materializer:
@@ -67,10 +61,10 @@ class Materializer:
     def maintain_leases(self) -> None:
         """Heartbeat, renew what we hold, then converge on a fair share: ceil(shards / live materializers)."""
         with connection.cursor() as cursor:
-            cursor.execute(sql.ENSURE_SHARD_ROWS, {"shards": self.shards})
-            cursor.execute(sql.HEARTBEAT, {"name": self.name, "role": ROLE})
+            cursor.execute(lease_sql.ENSURE_SHARD_ROWS, {"shards": self.shards})
+            cursor.execute(lease_sql.PROCESS_HEARTBEAT, {"name": self.name, "role": ROLE})
             cursor.execute(
-                sql.RENEW_LEASES,
+                lease_sql.RENEW_SHARD_LEASES,
                 {
                     "owner": self.name,
                     "ttl": self.lease_seconds,
@@ -83,18 +77,18 @@ class Materializer:
             if lost:
                 logger.warning("lost shard leases %s", sorted(lost), extra={"action": "lease_lost"})
             self.leases = renewed
-            cursor.execute(sql.LIVE_PROCESSES, {"role": ROLE, "ttl": self.lease_seconds * 2})
+            cursor.execute(lease_sql.LIVE_PROCESSES, {"role": ROLE, "ttl": self.lease_seconds * 2})
             live = max(1, cursor.fetchone()[0])
             fair_share = math.ceil(self.shards / live)
             if len(self.leases) > fair_share:
                 extra = sorted(self.leases)[fair_share:]
-                cursor.execute(sql.RELEASE_LEASES, {"owner": self.name, "shards": extra})
+                cursor.execute(lease_sql.RELEASE_SHARD_LEASES, {"owner": self.name, "shards": extra})
                 for shard in extra:
                     self.leases.pop(shard, None)
                 logger.info("released %d shards to peers", len(extra), extra={"action": "lease_release"})
             elif len(self.leases) < fair_share:
                 cursor.execute(
-                    sql.CLAIM_LEASES,
+                    lease_sql.CLAIM_SHARD_LEASES,
                     {"owner": self.name, "ttl": self.lease_seconds, "limit": fair_share - len(self.leases)},
                 )
                 claimed = dict(cursor.fetchall())
@@ -105,8 +99,8 @@ class Materializer:
 
     def release_all(self) -> None:
         with connection.cursor() as cursor:
-            cursor.execute(sql.RELEASE_LEASES, {"owner": self.name, "shards": list(self.leases)})
-            cursor.execute(sql.FORGET_PROCESS, {"name": self.name})
+            cursor.execute(lease_sql.RELEASE_SHARD_LEASES, {"owner": self.name, "shards": list(self.leases)})
+            cursor.execute(lease_sql.FORGET_PROCESS, {"name": self.name})
         self.leases = {}
 
     # --- batches -----------------------------------------------------------------------------------------------
@@ -129,7 +123,7 @@ class Materializer:
             return 0
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
-                sql.CONFIRM_LEASES,
+                lease_sql.CONFIRM_SHARD_LEASES,
                 {"owner": self.name, "shards": list(self.leases), "generations": list(self.leases.values())},
             )
             shards = sorted(row[0] for row in cursor.fetchall())
@@ -141,7 +135,7 @@ class Materializer:
             # A shard may fill the whole batch: its rows come in index order and the scan stops at the limit.
             per_shard = self.batch_size
             cursor.execute(
-                sql.SCAN_DUE_SCHEDULES,
+                materialize_sql.SCAN_DUE_SCHEDULES,
                 {
                     "shards": shards,
                     "horizon_end": now + self.horizon,
@@ -197,17 +191,17 @@ class Materializer:
                 columns["states"].append(occurrence.state)
         if not columns["occurrence_ids"]:
             return set()
-        cursor.execute(sql.INSERT_OCCURRENCES, {**columns, "now": now})
+        cursor.execute(materialize_sql.INSERT_OCCURRENCES, {**columns, "now": now})
         return {row[0] for row in cursor.fetchall()}
 
     @staticmethod
     def _insert_envelopes(cursor, plans: list[Plan], new_ids: set[uuid.UUID]) -> int:
         fires = [
-            Fire(
-                occurrence_id=o.occurrence_id,
-                scheduled_for=o.scheduled_for,
+            Fire.for_lane(
+                o.occurrence_id,
+                o.scheduled_for,
                 tenant_id=plan.schedule.tenant_id,
-                queue=queue_for_lane(plan.schedule.lane),
+                lane=plan.schedule.lane,
                 available_at=o.available_at,
                 priority=plan.schedule.priority,
             )
@@ -215,12 +209,12 @@ class Materializer:
             for o in plan.to_enqueue
             if o.occurrence_id in new_ids
         ]
-        return write_envelopes(cursor, fires)
+        return enqueue(cursor, fires)
 
     @staticmethod
     def _advance_cursors(cursor, plans: list[Plan]) -> None:
         cursor.execute(
-            sql.ADVANCE_CURSORS,
+            materialize_sql.ADVANCE_CURSORS,
             {
                 "ids": [p.schedule.id for p in plans],
                 "versions": [p.schedule.version for p in plans],

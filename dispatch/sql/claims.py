@@ -1,7 +1,7 @@
-"""The hot SQL of the workers (claim, heartbeat, completion, lease reaping), with why each statement is shaped so.
+"""The hot SQL of the workers' claim, pre-check and completion, with why each statement is shaped so.
 
-Conventions as in dispatch/sql.py: the occurrence table is partitioned by scheduled_for, so every statement names
-both occurrence_id AND scheduled_for (partition pruning to one index probe); each state change is one conditional
+Conventions as in dispatch/sql/__init__.py: the occurrence table is partitioned by scheduled_for, so every statement
+names both occurrence_id AND scheduled_for (partition pruning to one index probe); each state change is one conditional
 UPDATE whose WHERE names the state (and generation) the caller observed, and the caller checks the row count;
 "now" is `COALESCE(%(now)s, clock_timestamp())`: PostgreSQL's clock unless a test drives time.
 
@@ -102,32 +102,6 @@ JOIN schedules_schedule AS s ON s.id = o.schedule_id
 WHERE o.occurrence_id = %(occurrence_id)s AND o.scheduled_for = %(scheduled_for)s
 """
 
-# One statement renews every lease this process holds (arrays in). A row is renewed only while it is still
-# running under the presented generation: a lease lost to the reaper or a newer claim is not resurrected.
-# The result says, per renewed occurrence, whether its schedule is still the claimed version and not canceled.
-# Rows missing from the result lost their lease.
-HEARTBEAT = """
-WITH mine AS (
-    SELECT * FROM unnest(%(occurrence_ids)s::uuid[], %(scheduled_fors)s::timestamptz[], %(generations)s::int[],
-                         %(attempt_ids)s::bigint[]) AS m(occurrence_id, scheduled_for, generation, attempt_id)
-), renewed AS (
-    UPDATE dispatch_occurrence AS o
-    SET lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
-    FROM mine
-    WHERE o.occurrence_id = mine.occurrence_id AND o.scheduled_for = mine.scheduled_for
-      AND o.state = 'running' AND o.attempt_count = mine.generation
-    RETURNING o.occurrence_id, o.scheduled_for, o.attempt_count, o.schedule_id, o.schedule_version,
-              o.lease_expires_at, mine.attempt_id, o.forced
-), beat AS (
-    UPDATE dispatch_attempt AS a
-    SET heartbeat_at = clock_timestamp(), lease_expires_at = renewed.lease_expires_at
-    FROM renewed
-    WHERE a.id = renewed.attempt_id AND a.scheduled_for = renewed.scheduled_for
-)
-SELECT r.occurrence_id, r.attempt_count, s.state <> 'canceled' AND (s.version = r.schedule_version OR r.forced)
-FROM renewed AS r
-JOIN schedules_schedule AS s ON s.id = r.schedule_id
-"""
 
 # --- completion ------------------------------------------------------------------------------------------------
 
@@ -153,44 +127,3 @@ SET finished_at = COALESCE(%(now)s::timestamptz, clock_timestamp()), outcome = %
     error_class = %(error_class)s, error = %(error)s
 WHERE id = %(attempt_id)s AND scheduled_for = %(scheduled_for)s
 """
-
-# --- lease reaper ----------------------------------------------------------------------------------------------
-
-# Running occurrences whose lease expired (the worker died: SIGKILL, OOM, lost network). Served by the partial
-# index occurrence_running_lease (lease_expires_at) WHERE state = 'running'. SKIP LOCKED: a live worker completing
-# or renewing one of these rows wins, and several reapers split the work. Outcome per row:
-# canceled if the schedule moved on (the claim would cancel it anyway), dead when attempts are used up, otherwise
-# retry_wait, due at once, with a new envelope written by the caller for the returned rows.
-REAP_EXPIRED = """
-WITH expired AS (
-    SELECT o.occurrence_id, o.scheduled_for, o.attempt_count,
-           CASE WHEN s.state = 'canceled' OR (s.version <> o.schedule_version AND NOT o.forced) THEN 'canceled'
-                WHEN o.attempt_count >= s.max_attempts THEN 'dead'
-                ELSE 'retry_wait' END AS new_state
-    FROM dispatch_occurrence AS o
-    JOIN schedules_schedule AS s ON s.id = o.schedule_id
-    WHERE o.state = 'running' AND o.lease_expires_at < %(now)s
-    ORDER BY o.lease_expires_at
-    LIMIT %(limit)s
-    FOR UPDATE OF o SKIP LOCKED
-), moved AS (
-    UPDATE dispatch_occurrence AS o
-    SET state = e.new_state,
-        finished_at = CASE WHEN e.new_state = 'retry_wait' THEN NULL ELSE %(now)s END,
-        available_at = CASE WHEN e.new_state = 'retry_wait' THEN %(now)s ELSE o.available_at END,
-        lease_expires_at = NULL
-    FROM expired AS e
-    WHERE o.occurrence_id = e.occurrence_id AND o.scheduled_for = e.scheduled_for
-      AND o.state = 'running' AND o.attempt_count = e.attempt_count
-    RETURNING o.occurrence_id, o.scheduled_for, o.tenant_id, o.lane, o.priority, o.state, o.attempt_count
-), closed AS (
-    UPDATE dispatch_attempt AS a
-    SET finished_at = %(now)s, outcome = 'expired', error_class = 'transient', error = 'lease expired'
-    FROM moved AS m
-    WHERE a.occurrence_id = m.occurrence_id AND a.scheduled_for = m.scheduled_for
-      AND a.generation = m.attempt_count AND a.finished_at IS NULL
-)
-SELECT occurrence_id, scheduled_for, tenant_id, lane, priority, state, attempt_count FROM moved
-"""
-
-DB_NOW = "SELECT clock_timestamp()"

@@ -4,11 +4,11 @@
    not claimable (unknown, terminal, duplicate, early), cancels what the schedule withdrew, applies the overlap
    policy, and otherwise moves it to running with generation = attempt_count + 1 and a lease.
 2. `run_claimed` re-checks version and cancel flag right before the side effect, then calls the handler with a
-   HandlerContext while the process heartbeat renews the lease and raises the cancel event if the lease is lost
-   or the schedule moved on.
+   HandlerContext while the process's LeaseRenewer renews the lease and raises the cancel event if the lease is
+   lost or the schedule moved on.
 3. `complete` writes the outcome only if the generation still owns the occurrence (fencing); transient failures
    go back to retry_wait with a new outbox envelope in the same transaction.
-4. `reap_expired_leases` returns occurrences of dead workers to retry_wait (or dead), for another attempt.
+Lease renewal and the reaper of expired leases are in dispatch/engine/leases.py; the retry policy in retry.py.
 
 Every state change is one conditional UPDATE with a row-count check (ARCHITECTURE rules 5, 6, 8, 9).
 """
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import random
 import threading
 import time
 import uuid
@@ -27,17 +25,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import connection, transaction
 from prometheus_client import Counter, Histogram
 
-from dispatch import worker_sql as sql
-from dispatch.envelopes import Fire, write_envelopes
-from dispatch.errors import CanceledError, PermanentError, TransientError
+from dispatch.engine.leases import lease_renewer
+from dispatch.engine.retry import ERROR_MAX_CHARS, RunResult, backoff_for, classify
 from dispatch.handlers import get_handler
-from dispatch.models import TERMINAL_STATES, Occurrence, OccurrenceState
-from dispatch.queues import queue_for_lane
-from dispatch.services import enqueue_occurrence
-from scheduler_project.env import env_float
+from dispatch.models import TERMINAL_STATES, OccurrenceState
+from dispatch.outbox import Fire, enqueue
+from dispatch.sql import claims as claim_sql
 from schedules.models import OverlapPolicy, ScheduleState
 
 logger = logging.getLogger(__name__)
@@ -45,57 +41,13 @@ logger = logging.getLogger(__name__)
 # A retry envelope released by the relay a moment before its available_at (its timer runs on another clock) must
 # not be mistaken for an early duplicate and dropped: that would strand the occurrence in retry_wait.
 EARLY_TOLERANCE = timedelta(seconds=1)
-# How often the heartbeat thread wakes to see whether a round is due (rounds run every lease/3).
-HEARTBEAT_NAP_SECONDS = 0.25
-# Attempt.error keeps the head of the message: enough to diagnose, bounded for a table of millions of rows.
-ERROR_MAX_CHARS = 2000
 
 CLAIMS = Counter("scheduler_worker_claims", "Occurrences claimed by a worker (attempts started).")
 DROPS = Counter(
     "scheduler_worker_claim_drops", "Deliveries not run, by reason (duplicate = duplicate claim).", ["reason"]
 )
 COMPLETIONS = Counter("scheduler_worker_completions", "Attempt completions by resulting state.", ["outcome"])
-REAPED = Counter("scheduler_worker_reaped", "Expired leases reaped, by resulting state.", ["state"])
-CANCEL_SIGNALS = Counter("scheduler_worker_cancel_signals", "Cancel events raised for running handlers.", ["reason"])
 HANDLER_SECONDS = Histogram("scheduler_worker_handler_seconds", "Handler run time.", ["handler"])
-
-
-# --- tunables: Django settings when defined there, else the environment (defaults as documented) ---------------
-
-
-def _tunable(name: str, default: float, minimum: float) -> float:
-    value = getattr(settings, name, None)
-    return float(value) if value is not None else env_float(name, default, minimum=minimum)
-
-
-def lease_seconds() -> float:
-    """SCHEDULER_WORKER_LEASE_SECONDS: how long a claim survives without a heartbeat (renewed every third)."""
-    return _tunable("SCHEDULER_WORKER_LEASE_SECONDS", 30.0, 1.0)
-
-
-def overlap_recheck_seconds() -> float:
-    """SCHEDULER_OVERLAP_RECHECK_SECONDS: how soon a queue_one occurrence parked behind a running one looks again."""
-    return _tunable("SCHEDULER_OVERLAP_RECHECK_SECONDS", 5.0, 0.1)
-
-
-def retry_base_seconds() -> float:
-    return _tunable("SCHEDULER_RETRY_BASE_SECONDS", 1.0, 0.0)
-
-
-def retry_cap_seconds() -> float:
-    return _tunable("SCHEDULER_RETRY_CAP_SECONDS", 300.0, 0.0)
-
-
-def handler_timeout_seconds() -> float:
-    """SCHEDULER_HANDLER_TIMEOUT_SECONDS: the handler's deadline. Kept under RabbitMQ's consumer_timeout (30 min by
-    default), which would otherwise close the channel of an envelope that is still unacknowledged."""
-    return _tunable("SCHEDULER_HANDLER_TIMEOUT_SECONDS", 900.0, 1.0)
-
-
-def retry_backoff(attempt: int, *, base: float, cap: float, rng: random.Random | None = None) -> float:
-    """Full jitter: uniform in [0, min(cap, base * 2**(attempt-1))], so a burst of failures does not retry in step."""
-    ceiling = min(cap, base * 2 ** max(0, attempt - 1))
-    return (rng or random).uniform(0, ceiling)
 
 
 # --- values ---------------------------------------------------------------------------------------------------
@@ -154,16 +106,6 @@ class HandlerContext:
         return max(0.0, self._deadline_monotonic - time.monotonic())
 
 
-@dataclass(frozen=True)
-class RunResult:
-    """What running the handler came to: succeeded, failed (error_class permanent|transient), canceled, fenced."""
-
-    outcome: str
-    error_class: str = ""
-    error: str = ""
-    retry_after: float | None = None
-
-
 # --- 1. claim ---------------------------------------------------------------------------------------------------
 
 
@@ -188,26 +130,18 @@ class _Observed:
     now: datetime
 
 
-def claim(
-    occurrence_id: uuid.UUID, scheduled_for: datetime, worker_name: str, now: datetime | None = None
-) -> Claim | None:
-    """Claim one occurrence for `worker_name`, or None when it must not run now (logged and counted)."""
-    outcome = try_claim(occurrence_id, scheduled_for, worker_name, now)
-    return outcome if isinstance(outcome, Claim) else None
-
-
 def try_claim(
     occurrence_id: uuid.UUID, scheduled_for: datetime, worker_name: str, now: datetime | None = None
 ) -> Claim | Drop:
-    """`claim`, telling why a delivery was dropped."""
+    """Claim one occurrence for `worker_name`, or tell why the delivery must not run now (logged and counted)."""
     key = {"occurrence_id": occurrence_id, "scheduled_for": scheduled_for}
     outcome: Claim | Drop = Drop("unknown", None)
     schedule_id = None  # known, and locked first, only once an overlap policy asks for it
     for _ in range(2):
         with transaction.atomic(), connection.cursor() as cursor:
             if schedule_id is not None:
-                cursor.execute(sql.LOCK_SCHEDULE, {"schedule_id": schedule_id})
-            cursor.execute(sql.LOCK_OCCURRENCE, {**key, "now": now})
+                cursor.execute(claim_sql.LOCK_SCHEDULE, {"schedule_id": schedule_id})
+            cursor.execute(claim_sql.LOCK_OCCURRENCE, {**key, "now": now})
             locked = cursor.fetchone()
             if locked is None:
                 break
@@ -243,11 +177,11 @@ def _decide(cursor, key: dict[str, Any], o: _Observed, worker_name: str) -> Clai
         return Drop("early", o.state)
     if expired_run:
         # Its worker died without the reaper noticing yet; close that attempt before taking over.
-        cursor.execute(sql.CLOSE_EXPIRED_ATTEMPT, {**key, "now": now, "generation": o.attempt_count})
+        cursor.execute(claim_sql.CLOSE_EXPIRED_ATTEMPT, {**key, "now": now, "generation": o.attempt_count})
 
     def move(new_state: str, reason: str, available_at: datetime | None = None) -> Drop:
         params = {**key, "now": now, "new_state": new_state, "available_at": available_at}
-        cursor.execute(sql.TRANSITION, {**params, "state": o.state, "attempt_count": o.attempt_count})
+        cursor.execute(claim_sql.TRANSITION, {**params, "state": o.state, "attempt_count": o.attempt_count})
         if cursor.rowcount != 1:  # cannot happen under the row lock; refuse rather than guess
             return Drop("lost_race", None)
         return Drop(reason, new_state)
@@ -258,28 +192,33 @@ def _decide(cursor, key: dict[str, Any], o: _Observed, worker_name: str) -> Clai
         return move(OccurrenceState.DEAD, "attempts_exhausted")
     if o.overlap_policy != OverlapPolicy.ALLOW:
         siblings = {**key, "schedule_id": o.schedule_id, "now": now}
-        cursor.execute(sql.SIBLING_RUNNING, siblings)
+        cursor.execute(claim_sql.SIBLING_RUNNING, siblings)
         if cursor.fetchone()[0]:
             if o.overlap_policy == OverlapPolicy.SKIP_IF_RUNNING:
                 return move(OccurrenceState.SKIPPED_OVERLAP, "overlap_skipped")
-            cursor.execute(sql.SIBLING_WAITING, siblings)
+            cursor.execute(claim_sql.SIBLING_WAITING, siblings)
             if cursor.fetchone()[0]:
                 # queue_one holds at most one pending occurrence; the one already waiting will run.
                 return move(OccurrenceState.SKIPPED_OVERLAP, "overlap_skipped")
-            recheck_at = now + timedelta(seconds=overlap_recheck_seconds())
+            recheck_at = now + timedelta(seconds=settings.SCHEDULER_OVERLAP_RECHECK_SECONDS)
             drop = move(OccurrenceState.RETRY_WAIT, "overlap_waiting", available_at=recheck_at)
             if drop.state == OccurrenceState.RETRY_WAIT:
-                enqueue_occurrence(_as_occurrence(key, o.tenant_id, o.lane, o.priority), available_at=recheck_at)
+                fire = Fire.for_lane(
+                    **key, tenant_id=o.tenant_id, lane=o.lane, available_at=recheck_at, priority=o.priority
+                )
+                enqueue(cursor, [fire])
             return drop
 
-    lease = lease_seconds()
-    cursor.execute(sql.CLAIM, {**key, "now": now, "lease": lease, "state": o.state, "attempt_count": o.attempt_count})
+    lease = settings.SCHEDULER_WORKER_LEASE_SECONDS
+    cursor.execute(
+        claim_sql.CLAIM, {**key, "now": now, "lease": lease, "state": o.state, "attempt_count": o.attempt_count}
+    )
     claimed = cursor.fetchone()
     if claimed is None:
         return Drop("lost_race", None)
     generation, lease_expires_at = claimed
     cursor.execute(
-        sql.INSERT_ATTEMPT,
+        claim_sql.INSERT_ATTEMPT,
         {
             **key,
             "generation": generation,
@@ -333,21 +272,10 @@ def _report_claim(occurrence_id: uuid.UUID, outcome: Claim | Drop) -> None:
     )
 
 
-def _as_occurrence(key: dict[str, Any], tenant_id: int, lane: str, priority: int) -> Occurrence:
-    """The columns enqueue_occurrence reads, without loading the row again."""
-    return Occurrence(
-        occurrence_id=key["occurrence_id"],
-        scheduled_for=key["scheduled_for"],
-        tenant_id=tenant_id,
-        lane=lane,
-        priority=priority,
-    )
-
-
 # --- 2. run -----------------------------------------------------------------------------------------------------
 
 
-def run_claimed(claim: Claim, cancel_event: threading.Event | None = None, *, heartbeat: bool = True) -> RunResult:
+def run_claimed(claim: Claim, cancel_event: threading.Event | None = None, *, renew_lease: bool = True) -> RunResult:
     """Re-check, then run the handler while the lease is renewed. Never raises for handler errors."""
     cancel_event = cancel_event or threading.Event()
     verdict = _precheck(claim)
@@ -357,7 +285,8 @@ def run_claimed(claim: Claim, cancel_event: threading.Event | None = None, *, he
         fn = get_handler(claim.handler)
     except KeyError:
         return RunResult("failed", "permanent", f"unknown handler {claim.handler!r}")
-    timeout = handler_timeout_seconds()
+    # Kept under RabbitMQ's consumer_timeout, which would otherwise close the channel of an unacknowledged envelope.
+    timeout = settings.SCHEDULER_HANDLER_TIMEOUT_SECONDS
     context = HandlerContext(
         occurrence_id=claim.occurrence_id,
         schedule_id=claim.schedule_id,
@@ -370,23 +299,28 @@ def run_claimed(claim: Claim, cancel_event: threading.Event | None = None, *, he
         deadline=claim.claimed_at + timedelta(seconds=timeout),
         _deadline_monotonic=time.monotonic() + timeout,
     )
-    ticket = heartbeats().register(claim, cancel_event, context._deadline_monotonic) if heartbeat else None
+    ticket = lease_renewer().register(claim, cancel_event, context._deadline_monotonic) if renew_lease else None
     started = time.monotonic()
     try:
         fn(context)
         return RunResult("succeeded")
     except Exception as exc:
-        return _classify(claim, exc, ticket.reason if ticket else None)
+        return classify(
+            exc,
+            handler=claim.handler,
+            occurrence_id=claim.occurrence_id,
+            cancel_reason=ticket.reason if ticket else None,
+        )
     finally:
         HANDLER_SECONDS.labels(claim.handler).observe(time.monotonic() - started)
         if ticket is not None:
-            heartbeats().unregister(ticket)
+            lease_renewer().unregister(ticket)
 
 
 def _precheck(claim: Claim) -> RunResult | None:
     """A cancel or update between claim and side effect wins; a lost generation runs nothing."""
     with connection.cursor() as cursor:
-        cursor.execute(sql.PRECHECK, claim.key)
+        cursor.execute(claim_sql.PRECHECK, claim.key)
         row = cursor.fetchone()
     if row is None:
         return RunResult("fenced", "", "occurrence vanished")
@@ -396,25 +330,6 @@ def _precheck(claim: Claim) -> RunResult | None:
     if schedule_withdraws(schedule_state, schedule_version, claim.schedule_version, forced=forced):
         return RunResult("canceled", "", f"schedule is {schedule_state} at version {schedule_version}")
     return None
-
-
-def _classify(claim: Claim, exc: Exception, cancel_reason: str | None) -> RunResult:
-    message = f"{type(exc).__name__}: {exc}"[:ERROR_MAX_CHARS]
-    if cancel_reason == "schedule_changed":
-        return RunResult("canceled", "", message)
-    if isinstance(exc, PermanentError):
-        return RunResult("failed", "permanent", message)
-    if isinstance(exc, TransientError):
-        return RunResult("failed", "transient", message, retry_after=exc.retry_after)
-    if not isinstance(exc, CanceledError):
-        # Unexpected exceptions are treated as transient: a bug fixed and deployed gets its retries.
-        logger.exception(
-            "handler %s raised for occurrence %s",
-            claim.handler,
-            claim.occurrence_id,
-            extra={"action": "handler_error", "occurrence_id": str(claim.occurrence_id)},
-        )
-    return RunResult("failed", "transient", message)
 
 
 # --- 3. complete ------------------------------------------------------------------------------------------------
@@ -431,26 +346,22 @@ def complete(claim: Claim, result: RunResult, now: datetime | None = None) -> st
         new_state, attempt_outcome = OccurrenceState.RETRY_WAIT, "failed"
     else:
         new_state, attempt_outcome = OccurrenceState.DEAD, "failed"
-    backoff = 0.0
-    if new_state == OccurrenceState.RETRY_WAIT:
-        cap = retry_cap_seconds()
-        backoff = retry_backoff(claim.generation, base=retry_base_seconds(), cap=cap)
-        if result.retry_after:
-            backoff = max(backoff, min(result.retry_after, cap))
+    backoff = backoff_for(result, claim.generation) if new_state == OccurrenceState.RETRY_WAIT else 0.0
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            sql.COMPLETE,
+            claim_sql.COMPLETE,
             {**claim.key, "now": now, "new_state": new_state, "backoff": backoff, "generation": claim.generation},
         )
         row = cursor.fetchone()
         fenced = row is None
         if not fenced and new_state == OccurrenceState.RETRY_WAIT:
             # The retry's envelope commits with the state change: no retry_wait without a message to end it.
-            enqueue_occurrence(
-                _as_occurrence(claim.key, claim.tenant_id, claim.lane, claim.priority), available_at=row[0]
+            fire = Fire.for_lane(
+                **claim.key, tenant_id=claim.tenant_id, lane=claim.lane, available_at=row[0], priority=claim.priority
             )
+            enqueue(cursor, [fire])
         cursor.execute(
-            sql.FINISH_ATTEMPT,
+            claim_sql.FINISH_ATTEMPT,
             {
                 "attempt_id": claim.attempt_id,
                 "scheduled_for": claim.scheduled_for,
@@ -485,158 +396,3 @@ def process_occurrence(
     if isinstance(outcome, Drop):
         return "dropped"
     return complete(outcome, run_claimed(outcome, cancel_event))
-
-
-# --- 4. reaper --------------------------------------------------------------------------------------------------
-
-
-def reap_expired_leases(now: datetime | None = None, limit: int = 1000) -> int:
-    """Return occurrences whose worker died to retry_wait (with a new envelope) or dead; one batch, SKIP LOCKED."""
-    with transaction.atomic(), connection.cursor() as cursor:
-        if now is None:
-            cursor.execute(sql.DB_NOW)
-            now = cursor.fetchone()[0]
-        cursor.execute(sql.REAP_EXPIRED, {"now": now, "limit": limit})
-        rows = cursor.fetchall()
-        fires = [
-            Fire(occurrence_id, scheduled_for, tenant_id, queue_for_lane(lane), now, priority)
-            for occurrence_id, scheduled_for, tenant_id, lane, priority, state, _ in rows
-            if state == OccurrenceState.RETRY_WAIT
-        ]
-        write_envelopes(cursor, fires)
-    for occurrence_id, _, _, _, _, state, generation in rows:
-        REAPED.labels(state).inc()
-        logger.warning(
-            "lease of occurrence %s generation %d expired: now %s",
-            occurrence_id,
-            generation,
-            state,
-            extra={"action": "reap_lease", "occurrence_id": str(occurrence_id)},
-        )
-    return len(rows)
-
-
-# --- heartbeat --------------------------------------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class _Ticket:
-    claim: Claim
-    cancel_event: threading.Event
-    deadline: float
-    reason: str | None = None
-
-    def signal(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-            CANCEL_SIGNALS.labels(reason).inc()
-            logger.warning(
-                "cancelling handler of occurrence %s generation %d: %s",
-                self.claim.occurrence_id,
-                self.claim.generation,
-                reason,
-                extra={"action": "cancel_signal", "reason": reason, "occurrence_id": str(self.claim.occurrence_id)},
-            )
-        self.cancel_event.set()
-
-
-class Heartbeat:
-    """One thread per process renews the leases of every handler the process runs, in one statement per round
-    (every lease/3), and raises a handler's cancel event when its lease is lost, its schedule was canceled or
-    changed version, or its deadline passed (cooperative cancellation)."""
-
-    def __init__(self) -> None:
-        self._tickets: dict[int, _Ticket] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def register(self, claim: Claim, cancel_event: threading.Event, deadline: float) -> _Ticket:
-        ticket = _Ticket(claim, cancel_event, deadline)
-        with self._lock:
-            self._tickets[claim.attempt_id] = ticket
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
-                self._thread.start()
-        return ticket
-
-    def unregister(self, ticket: _Ticket) -> None:
-        with self._lock:
-            self._tickets.pop(ticket.claim.attempt_id, None)
-
-    def beat_once(self) -> int:
-        """One round; returns how many leases were renewed."""
-        with self._lock:
-            tickets = list(self._tickets.values())
-        if not tickets:
-            return 0
-        now = time.monotonic()
-        for ticket in tickets:
-            if now >= ticket.deadline:
-                ticket.signal("deadline")
-        claims = [t.claim for t in tickets]
-        with connection.cursor() as cursor:
-            cursor.execute(
-                sql.HEARTBEAT,
-                {
-                    "occurrence_ids": [c.occurrence_id for c in claims],
-                    "scheduled_fors": [c.scheduled_for for c in claims],
-                    "generations": [c.generation for c in claims],
-                    "attempt_ids": [c.attempt_id for c in claims],
-                    "lease": lease_seconds(),
-                },
-            )
-            renewed = {(occurrence_id, generation): current for occurrence_id, generation, current in cursor.fetchall()}
-        for ticket in tickets:
-            current = renewed.get((ticket.claim.occurrence_id, ticket.claim.generation))
-            if current is None:
-                ticket.signal("lease_lost")
-            elif not current:
-                ticket.signal("schedule_changed")
-        return len(renewed)
-
-    def stop(self) -> None:
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=10)
-
-    def _run(self) -> None:
-        last = time.monotonic()
-        try:
-            # Short naps, so a changed lease length (settings, tests) takes effect at once, not after a long wait.
-            while not self._stop.wait(HEARTBEAT_NAP_SECONDS):
-                if time.monotonic() - last < lease_seconds() / 3:
-                    continue
-                last = time.monotonic()
-                close_old_connections()
-                try:
-                    self.beat_once()
-                except Exception:
-                    # A database hiccup: the next round retries; a lease that expires meanwhile is fenced.
-                    logger.exception("lease heartbeat failed", extra={"action": "heartbeat_error"})
-                    connection.close()
-        finally:
-            connection.close()
-
-
-_heartbeat: Heartbeat | None = None
-_heartbeat_pid: int | None = None
-_heartbeat_lock = threading.Lock()
-
-
-def heartbeats() -> Heartbeat:
-    """This process's heartbeat (a forked child gets its own: threads do not survive fork)."""
-    global _heartbeat, _heartbeat_pid
-    with _heartbeat_lock:
-        if _heartbeat is None or _heartbeat_pid != os.getpid():
-            _heartbeat, _heartbeat_pid = Heartbeat(), os.getpid()
-        return _heartbeat
-
-
-def stop_heartbeats() -> None:
-    global _heartbeat
-    with _heartbeat_lock:
-        beat, _heartbeat = _heartbeat, None
-    if beat is not None and _heartbeat_pid == os.getpid():
-        beat.stop()

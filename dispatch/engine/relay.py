@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import aio_pika
 import psycopg
@@ -22,12 +22,12 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from django.conf import settings
 from django.db import connection as django_connection
 
-from dispatch import sql
+from dispatch.engine.loop import StopFlag, default_process_name
+from dispatch.engine.timer import Claimed, PriorityTimer
 from dispatch.envelopes import message_headers, task_id_for
-from dispatch.loop import StopFlag
-from dispatch.materializer import default_process_name
 from dispatch.queues import ALL_QUEUES
-from dispatch.timer import Claimed, PriorityTimer
+from dispatch.sql import DB_NOW
+from dispatch.sql import outbox as outbox_sql
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Relay:
         self._db = await psycopg.AsyncConnection.connect(self.conninfo, application_name=self.name)
         self._broker = await aio_pika.connect_robust(self.broker_url, client_properties={"connection_name": self.name})
         self._channel = await self._broker.channel(publisher_confirms=True)
-        mark = await (await self._db.execute(sql.INVALIDATION_MARK)).fetchone()
+        mark = await (await self._db.execute(outbox_sql.INVALIDATION_MARK)).fetchone()
         await self._db.commit()
         self._invalidation_mark = mark[0]
         for queue in ALL_QUEUES:
@@ -120,12 +120,12 @@ class Relay:
         assert self._db is not None and self._channel is not None
         async with self._db.transaction():
             cursor = await self._db.execute(
-                sql.CLAIM_DUE_ENVELOPES, {"lead": self.stage_seconds, "limit": self.batch_size}
+                outbox_sql.CLAIM_DUE_ENVELOPES, {"lead": self.stage_seconds, "limit": self.batch_size}
             )
             rows = {row[0]: row for row in await cursor.fetchall()}
             if not rows:
                 return 0
-            anchor_db = (await (await self._db.execute(sql.DB_NOW)).fetchone())[0]
+            anchor_db = (await (await self._db.execute(DB_NOW)).fetchone())[0]
             anchor_mono = time.monotonic()
             timer = PriorityTimer(workers=1)
             for envelope_id, row in rows.items():
@@ -163,7 +163,7 @@ class Relay:
                     break
                 await asyncio.sleep(wait)
             if ids:
-                await self._db.execute(sql.MARK_PUBLISHED, {"ids": ids, "published_ats": stamps})
+                await self._db.execute(outbox_sql.MARK_PUBLISHED, {"ids": ids, "published_ats": stamps})
         self.stats.published_envelopes += len(ids)
         self.stats.published_occurrences += occurrences
         logger.debug("published %d envelopes (%d occurrences)", len(ids), occurrences, extra={"action": "publish"})
@@ -172,14 +172,14 @@ class Relay:
     async def _drop_withdrawn(self, timer: PriorityTimer, due: list[Claimed]) -> None:
         """Delete due envelopes all of whose occurrences were withdrawn since staging (rare: checked only when
         an update, pause or cancel moved the invalidation mark)."""
-        mark = (await (await self._db.execute(sql.INVALIDATION_MARK)).fetchone())[0]
+        mark = (await (await self._db.execute(outbox_sql.INVALIDATION_MARK)).fetchone())[0]
         if mark == self._invalidation_mark:
             return
         self._invalidation_mark = mark
-        cursor = await self._db.execute(sql.WITHDRAWN_ENVELOPES, {"ids": [claim.task_id for claim in due]})
+        cursor = await self._db.execute(outbox_sql.WITHDRAWN_ENVELOPES, {"ids": [claim.task_id for claim in due]})
         withdrawn = [row[0] for row in await cursor.fetchall()]
         if withdrawn:
-            await self._db.execute(sql.DELETE_ENVELOPES, {"ids": withdrawn})
+            await self._db.execute(outbox_sql.DELETE_ENVELOPES, {"ids": withdrawn})
             for claim in due:
                 if claim.task_id in withdrawn:
                     timer.complete(claim, ok=False)
@@ -206,7 +206,7 @@ class Relay:
         """Copy confirmation stamps onto occurrences (scheduled → enqueued) and drop settled envelopes."""
         assert self._db is not None
         async with self._db.transaction():
-            cursor = await self._db.execute(sql.SETTLE_PUBLISHED, {"limit": self.settle_batch})
+            cursor = await self._db.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": self.settle_batch})
             settled = cursor.rowcount
         if settled > 0:
             self.stats.settled_envelopes += 1
@@ -216,7 +216,7 @@ class Relay:
         """How long to sleep: until the earliest unpublished envelope is due (PostgreSQL's clock), capped."""
         assert self._db is not None
         async with self._db.transaction():
-            cursor = await self._db.execute(sql.SECONDS_UNTIL_DUE)
+            cursor = await self._db.execute(outbox_sql.SECONDS_UNTIL_DUE)
             row = await cursor.fetchone()
         if row is None or row[0] is None:
             return self.max_idle
@@ -254,11 +254,3 @@ class Relay:
 
 def _published_by_relay(cancel_event: object) -> None:
     """The timer entries are only ordering keys: the relay publishes claimed entries itself (manual mode)."""
-
-
-def published_at_of(envelope_id: int) -> datetime | None:
-    """For tests and tools: an envelope's confirmation stamp (None while unpublished or once settled)."""
-    with django_connection.cursor() as cursor:
-        cursor.execute("SELECT published_at FROM dispatch_outboxmessage WHERE id = %s", [envelope_id])
-        row = cursor.fetchone()
-    return row[0] if row else None

@@ -1,0 +1,50 @@
+"""What every benchmark needs to run the product's real processes: where the project is, the database they must
+use, their peak memory, and the one JSON line a benchmark ends with."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from django.db import connection
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def rss_peak_mb(pid: int) -> float | None:
+    """Peak resident memory (VmHWM) of a live process, in MiB; None once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def children_rss_peak_mb(pid: int) -> float | None:
+    """Peak RSS of a process and its children (a management command may fork); the largest one."""
+    peaks = [rss_peak_mb(pid)]
+    try:
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            peaks.append(rss_peak_mb(int(child)))
+    except OSError:
+        pass
+    known = [p for p in peaks if p is not None]
+    return max(known) if known else None
+
+
+def database_url() -> str:
+    """This process's database as a DATABASE_URL, so the processes a benchmark starts use the same one."""
+    params = connection.settings_dict
+    user = params.get("USER") or "postgres"
+    password = f":{params['PASSWORD']}" if params.get("PASSWORD") else ""
+    host = params.get("HOST") or "127.0.0.1"
+    port = params.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{params['NAME']}"
+
+
+def result_line(result: dict[str, Any]) -> str:
+    """The last line of a benchmark's output: one JSON object."""
+    return json.dumps(result, default=str, sort_keys=False)

@@ -1,0 +1,194 @@
+"""Occurrence leases: one renewal thread per worker process (LeaseRenewer) and the reaper of expired leases.
+
+A claim holds its occurrence for SCHEDULER_WORKER_LEASE_SECONDS; the renewer extends every lease the process
+holds in one statement every third of that, and raises a handler's cancel event when its lease is lost, its
+schedule was canceled or changed version, or its deadline passed (cooperative cancellation, seed 004). Leases of
+dead workers (SIGKILL, OOM, lost network) expire, and the reaper returns those occurrences for another attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from prometheus_client import Counter
+
+from dispatch.models import OccurrenceState
+from dispatch.outbox import Fire, enqueue
+from dispatch.sql import DB_NOW
+from dispatch.sql import leases as lease_sql
+
+if TYPE_CHECKING:
+    from dispatch.engine.worker import Claim
+
+logger = logging.getLogger(__name__)
+
+# How often the renewal thread wakes to see whether a round is due (rounds run every lease/3).
+RENEWER_NAP_SECONDS = 0.25
+
+REAPED = Counter("scheduler_worker_reaped", "Expired leases reaped, by resulting state.", ["state"])
+CANCEL_SIGNALS = Counter("scheduler_worker_cancel_signals", "Cancel events raised for running handlers.", ["reason"])
+
+
+# --- renewal ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One running handler the renewer looks after; `reason` is why its cancel event was raised, if it was."""
+
+    claim: Claim
+    cancel_event: threading.Event
+    deadline: float
+    reason: str | None = None
+
+    def signal(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            CANCEL_SIGNALS.labels(reason).inc()
+            logger.warning(
+                "cancelling handler of occurrence %s generation %d: %s",
+                self.claim.occurrence_id,
+                self.claim.generation,
+                reason,
+                extra={"action": "cancel_signal", "reason": reason, "occurrence_id": str(self.claim.occurrence_id)},
+            )
+        self.cancel_event.set()
+
+
+class LeaseRenewer:
+    """Renews the leases of every handler the process runs, in one statement per round (every lease/3)."""
+
+    def __init__(self) -> None:
+        self._tickets: dict[int, Ticket] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def register(self, claim: Claim, cancel_event: threading.Event, deadline: float) -> Ticket:
+        ticket = Ticket(claim, cancel_event, deadline)
+        with self._lock:
+            self._tickets[claim.attempt_id] = ticket
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lease-renewer", daemon=True)
+                self._thread.start()
+        return ticket
+
+    def unregister(self, ticket: Ticket) -> None:
+        with self._lock:
+            self._tickets.pop(ticket.claim.attempt_id, None)
+
+    def renew_once(self) -> int:
+        """One round; returns how many leases were renewed."""
+        with self._lock:
+            tickets = list(self._tickets.values())
+        if not tickets:
+            return 0
+        now = time.monotonic()
+        for ticket in tickets:
+            if now >= ticket.deadline:
+                ticket.signal("deadline")
+        claims = [t.claim for t in tickets]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                lease_sql.RENEW_OCCURRENCE_LEASES,
+                {
+                    "occurrence_ids": [c.occurrence_id for c in claims],
+                    "scheduled_fors": [c.scheduled_for for c in claims],
+                    "generations": [c.generation for c in claims],
+                    "attempt_ids": [c.attempt_id for c in claims],
+                    "lease": settings.SCHEDULER_WORKER_LEASE_SECONDS,
+                },
+            )
+            renewed = {(occurrence_id, generation): current for occurrence_id, generation, current in cursor.fetchall()}
+        for ticket in tickets:
+            current = renewed.get((ticket.claim.occurrence_id, ticket.claim.generation))
+            if current is None:
+                ticket.signal("lease_lost")
+            elif not current:
+                ticket.signal("schedule_changed")
+        return len(renewed)
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        try:
+            # Short naps, so a changed lease length (settings, tests) takes effect at once, not after a long wait.
+            while not self._stop.wait(RENEWER_NAP_SECONDS):
+                if time.monotonic() - last < settings.SCHEDULER_WORKER_LEASE_SECONDS / 3:
+                    continue
+                last = time.monotonic()
+                close_old_connections()
+                try:
+                    self.renew_once()
+                except Exception:
+                    # A database hiccup: the next round retries; a lease that expires meanwhile is fenced.
+                    logger.exception("lease renewal failed", extra={"action": "heartbeat_error"})
+                    connection.close()
+        finally:
+            connection.close()
+
+
+_renewer: LeaseRenewer | None = None
+_renewer_pid: int | None = None
+_renewer_lock = threading.Lock()
+
+
+def lease_renewer() -> LeaseRenewer:
+    """This process's renewer (a forked child gets its own: threads do not survive fork)."""
+    global _renewer, _renewer_pid
+    with _renewer_lock:
+        if _renewer is None or _renewer_pid != os.getpid():
+            _renewer, _renewer_pid = LeaseRenewer(), os.getpid()
+        return _renewer
+
+
+def stop_lease_renewer() -> None:
+    global _renewer
+    with _renewer_lock:
+        renewer, _renewer = _renewer, None
+    if renewer is not None and _renewer_pid == os.getpid():
+        renewer.stop()
+
+
+# --- reaper -----------------------------------------------------------------------------------------------------
+
+
+def reap_expired_leases(now: datetime | None = None, limit: int = 1000) -> int:
+    """Return occurrences whose worker died to retry_wait (with a new envelope) or dead; one batch, SKIP LOCKED."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        if now is None:
+            cursor.execute(DB_NOW)
+            now = cursor.fetchone()[0]
+        cursor.execute(lease_sql.REAP_EXPIRED_LEASES, {"now": now, "limit": limit})
+        rows = cursor.fetchall()
+        fires = [
+            Fire.for_lane(
+                occurrence_id, scheduled_for, tenant_id=tenant_id, lane=lane, available_at=now, priority=priority
+            )
+            for occurrence_id, scheduled_for, tenant_id, lane, priority, state, _ in rows
+            if state == OccurrenceState.RETRY_WAIT
+        ]
+        enqueue(cursor, fires)
+    for occurrence_id, _, _, _, _, state, generation in rows:
+        REAPED.labels(state).inc()
+        logger.warning(
+            "lease of occurrence %s generation %d expired: now %s",
+            occurrence_id,
+            generation,
+            state,
+            extra={"action": "reap_lease", "occurrence_id": str(occurrence_id)},
+        )
+    return len(rows)

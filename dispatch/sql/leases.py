@@ -1,0 +1,136 @@
+"""Leases: which materializer owns which shard, which worker owns which running occurrence, and who is alive.
+
+Both kinds are fencing tokens: a shard lease's generation grows on every change of owner, an occurrence's
+attempt_count on every claim, and every renewal or commit presents the number it was granted.
+"""
+
+from __future__ import annotations
+
+# --- shard leases (materializer) ------------------------------------------------------------------------------
+
+# Rows for every shard exist up front, so claiming is an UPDATE and never races an INSERT.
+ENSURE_SHARD_ROWS = """
+INSERT INTO dispatch_shardlease (shard, owner, generation, expires_at)
+SELECT s, '', 0, NULL FROM generate_series(0, %(shards)s - 1) AS s
+ON CONFLICT (shard) DO NOTHING
+"""
+
+# Presence of materializer processes, so a newcomer is counted in the fair share before it holds a shard.
+PROCESS_HEARTBEAT = """
+INSERT INTO dispatch_processheartbeat (name, role, started_at, heartbeat_at)
+VALUES (%(name)s, %(role)s, clock_timestamp(), clock_timestamp())
+ON CONFLICT (name) DO UPDATE SET heartbeat_at = clock_timestamp(), role = EXCLUDED.role
+"""
+
+LIVE_PROCESSES = """
+SELECT count(*) FROM dispatch_processheartbeat
+WHERE role = %(role)s AND heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)
+"""
+
+FORGET_PROCESS = "DELETE FROM dispatch_processheartbeat WHERE name = %(name)s"
+
+# Renewal presents the generation it was granted: a lease taken over meanwhile is not silently resurrected.
+RENEW_SHARD_LEASES = """
+UPDATE dispatch_shardlease AS l
+SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
+FROM unnest(%(shards)s::int[], %(generations)s::bigint[]) AS mine(shard, generation)
+WHERE l.shard = mine.shard AND l.generation = mine.generation AND l.owner = %(owner)s
+RETURNING l.shard, l.generation
+"""
+
+# Free or expired shards, lowest first; SKIP LOCKED lets two newcomers claim disjoint sets at the same time.
+# The generation grows on every change of owner: that is the fencing token of rule 3.
+CLAIM_SHARD_LEASES = """
+UPDATE dispatch_shardlease AS l
+SET owner = %(owner)s, generation = l.generation + 1,
+    expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
+WHERE l.shard IN (
+    SELECT shard FROM dispatch_shardlease
+    WHERE expires_at IS NULL OR expires_at < clock_timestamp()
+    ORDER BY shard
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING l.shard, l.generation
+"""
+
+RELEASE_SHARD_LEASES = """
+UPDATE dispatch_shardlease SET owner = '', expires_at = NULL
+WHERE owner = %(owner)s AND shard = ANY(%(shards)s::int[])
+"""
+
+# Run first in each batch transaction. FOR SHARE holds the lease rows until commit, so a takeover (an UPDATE)
+# waits for this batch to finish; a lease lost before this point simply excludes its shard from the batch.
+CONFIRM_SHARD_LEASES = """
+SELECT l.shard FROM dispatch_shardlease AS l
+JOIN unnest(%(shards)s::int[], %(generations)s::bigint[]) AS mine(shard, generation)
+  ON l.shard = mine.shard AND l.generation = mine.generation
+WHERE l.owner = %(owner)s AND l.expires_at > clock_timestamp()
+FOR SHARE OF l
+"""
+
+# --- occurrence leases (workers) ------------------------------------------------------------------------------
+
+# One statement renews every lease this process holds (arrays in). A row is renewed only while it is still
+# running under the presented generation: a lease lost to the reaper or a newer claim is not resurrected.
+# The result says, per renewed occurrence, whether its schedule is still the claimed version and not canceled.
+# Rows missing from the result lost their lease.
+RENEW_OCCURRENCE_LEASES = """
+WITH mine AS (
+    SELECT * FROM unnest(%(occurrence_ids)s::uuid[], %(scheduled_fors)s::timestamptz[], %(generations)s::int[],
+                         %(attempt_ids)s::bigint[]) AS m(occurrence_id, scheduled_for, generation, attempt_id)
+), renewed AS (
+    UPDATE dispatch_occurrence AS o
+    SET lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
+    FROM mine
+    WHERE o.occurrence_id = mine.occurrence_id AND o.scheduled_for = mine.scheduled_for
+      AND o.state = 'running' AND o.attempt_count = mine.generation
+    RETURNING o.occurrence_id, o.scheduled_for, o.attempt_count, o.schedule_id, o.schedule_version,
+              o.lease_expires_at, mine.attempt_id, o.forced
+), beat AS (
+    UPDATE dispatch_attempt AS a
+    SET heartbeat_at = clock_timestamp(), lease_expires_at = renewed.lease_expires_at
+    FROM renewed
+    WHERE a.id = renewed.attempt_id AND a.scheduled_for = renewed.scheduled_for
+)
+SELECT r.occurrence_id, r.attempt_count, s.state <> 'canceled' AND (s.version = r.schedule_version OR r.forced)
+FROM renewed AS r
+JOIN schedules_schedule AS s ON s.id = r.schedule_id
+"""
+
+# Running occurrences whose lease expired (the worker died: SIGKILL, OOM, lost network). Served by the partial
+# index occurrence_running_lease (lease_expires_at) WHERE state = 'running'. SKIP LOCKED: a live worker completing
+# or renewing one of these rows wins, and several reapers split the work. Outcome per row:
+# canceled if the schedule moved on (the claim would cancel it anyway), dead when attempts are used up, otherwise
+# retry_wait, due at once, with a new envelope written by the caller for the returned rows.
+REAP_EXPIRED_LEASES = """
+WITH expired AS (
+    SELECT o.occurrence_id, o.scheduled_for, o.attempt_count,
+           CASE WHEN s.state = 'canceled' OR (s.version <> o.schedule_version AND NOT o.forced) THEN 'canceled'
+                WHEN o.attempt_count >= s.max_attempts THEN 'dead'
+                ELSE 'retry_wait' END AS new_state
+    FROM dispatch_occurrence AS o
+    JOIN schedules_schedule AS s ON s.id = o.schedule_id
+    WHERE o.state = 'running' AND o.lease_expires_at < %(now)s
+    ORDER BY o.lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE OF o SKIP LOCKED
+), moved AS (
+    UPDATE dispatch_occurrence AS o
+    SET state = e.new_state,
+        finished_at = CASE WHEN e.new_state = 'retry_wait' THEN NULL ELSE %(now)s END,
+        available_at = CASE WHEN e.new_state = 'retry_wait' THEN %(now)s ELSE o.available_at END,
+        lease_expires_at = NULL
+    FROM expired AS e
+    WHERE o.occurrence_id = e.occurrence_id AND o.scheduled_for = e.scheduled_for
+      AND o.state = 'running' AND o.attempt_count = e.attempt_count
+    RETURNING o.occurrence_id, o.scheduled_for, o.tenant_id, o.lane, o.priority, o.state, o.attempt_count
+), closed AS (
+    UPDATE dispatch_attempt AS a
+    SET finished_at = %(now)s, outcome = 'expired', error_class = 'transient', error = 'lease expired'
+    FROM moved AS m
+    WHERE a.occurrence_id = m.occurrence_id AND a.scheduled_for = m.scheduled_for
+      AND a.generation = m.attempt_count AND a.finished_at IS NULL
+)
+SELECT occurrence_id, scheduled_for, tenant_id, lane, priority, state, attempt_count FROM moved
+"""

@@ -1,0 +1,159 @@
+"""The SQL of the operator paths (replay, backfill, reconcile, metrics, partition upkeep): not hot, but in one
+place with the rest, so every statement that touches the engine tables is found under dispatch/sql/.
+"""
+
+from __future__ import annotations
+
+# --- replay (DLQ) --------------------------------------------------------------------------------------------------
+
+# The same transition as services.replay_dead_occurrence, for a batch: dead -> scheduled, forced, available now.
+# SKIP LOCKED: a row another replay (or the API) holds is left to it. Occurrences of a canceled schedule stay dead
+# (workers would drop them), and are counted separately. `o.state = 'dead'` is re-checked in the UPDATE so a row
+# that changed since the subquery read it is not touched (ARCHITECTURE: every transition is conditional).
+REPLAY_DEAD_BATCH = """
+WITH picked AS (
+    SELECT o.occurrence_id, o.scheduled_for
+    FROM dispatch_occurrence AS o
+    JOIN schedules_schedule AS s ON s.id = o.schedule_id
+    WHERE o.state = 'dead' AND s.state <> 'canceled'
+      AND (%(tenant_id)s::bigint IS NULL OR o.tenant_id = %(tenant_id)s::bigint)
+    LIMIT %(limit)s
+    FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE dispatch_occurrence AS o
+SET state = 'scheduled', available_at = %(now)s, finished_at = NULL, forced = true
+FROM picked
+WHERE o.occurrence_id = picked.occurrence_id AND o.scheduled_for = picked.scheduled_for AND o.state = 'dead'
+RETURNING o.occurrence_id, o.scheduled_for, o.tenant_id, o.lane, o.priority
+"""
+
+COUNT_DEAD_OF_CANCELED = """
+SELECT count(*)
+FROM dispatch_occurrence AS o
+JOIN schedules_schedule AS s ON s.id = o.schedule_id
+WHERE o.state = 'dead' AND s.state = 'canceled'
+  AND (%(tenant_id)s::bigint IS NULL OR o.tenant_id = %(tenant_id)s::bigint)
+"""
+
+# --- backfill ------------------------------------------------------------------------------------------------------
+
+# ON CONFLICT DO NOTHING (no target) covers both the primary key (occurrence_id, scheduled_for) and the unique
+# fire (schedule, version, scheduled_for): a row the materializer, a replay or an earlier backfill wrote is left
+# exactly as it is. `forced`: the operator asked for this very fire, so the worker runs it even though the
+# schedule has a newer version now. RETURNING names the new rows: only they get envelopes.
+INSERT_BACKFILL = """
+INSERT INTO dispatch_occurrence (
+    occurrence_id, schedule_id, tenant_id, schedule_version, scheduled_for, available_at, lane, priority,
+    manual, forced, state, attempt_count, created_at)
+SELECT u.occurrence_id, u.schedule_id, u.tenant_id, u.version, u.scheduled_for, %(now)s::timestamptz, u.lane,
+       u.priority, false, true, 'scheduled', 0, %(now)s::timestamptz
+FROM unnest(%(occurrence_ids)s::uuid[], %(schedule_ids)s::uuid[], %(tenant_ids)s::bigint[], %(versions)s::int[],
+            %(scheduled_fors)s::timestamptz[], %(lanes)s::text[], %(priorities)s::smallint[])
+     AS u(occurrence_id, schedule_id, tenant_id, version, scheduled_for, lane, priority)
+ON CONFLICT DO NOTHING
+RETURNING occurrence_id
+"""
+
+# --- reconcile -----------------------------------------------------------------------------------------------------
+
+# Expected fires of one chunk that have a row. Both columns are matched: the table is partitioned by
+# scheduled_for, and the explicit range lets PostgreSQL prune to the chunk's days before probing each
+# partition's primary key (occurrence_id, scheduled_for).
+RECONCILE_FIND_EXPECTED = """
+SELECT o.occurrence_id, o.state
+FROM dispatch_occurrence AS o
+JOIN unnest(%(ids)s::uuid[], %(fors)s::timestamptz[]) AS e(occurrence_id, scheduled_for)
+  ON o.occurrence_id = e.occurrence_id AND o.scheduled_for = e.scheduled_for
+WHERE o.scheduled_for >= %(low)s AND o.scheduled_for <= %(high)s
+"""
+
+# Every non-manual row of a batch of schedules in the window, counted per (schedule, version, state); minus the
+# rows matched above this leaves the unexpected ones. Served by occurrence_schedule_recent.
+RECONCILE_COUNT_ROWS = """
+SELECT schedule_id, schedule_version, state, count(*)
+FROM dispatch_occurrence
+WHERE schedule_id = ANY(%(schedule_ids)s::uuid[])
+  AND scheduled_for >= %(since)s AND scheduled_for < %(until)s
+  AND NOT manual
+GROUP BY schedule_id, schedule_version, state
+"""
+
+RECONCILE_SAMPLE_ROWS = """
+SELECT occurrence_id, scheduled_for, state
+FROM dispatch_occurrence
+WHERE schedule_id = %(schedule_id)s AND schedule_version = %(version)s
+  AND scheduled_for >= %(since)s AND scheduled_for < %(until)s
+  AND NOT manual
+ORDER BY scheduled_for
+LIMIT %(limit)s
+"""
+
+# --- metrics (read at scrape time) ---------------------------------------------------------------------------------
+
+METRICS_OUTBOX = """
+SELECT count(*) FILTER (WHERE published_at IS NULL),
+       coalesce(sum(cardinality(occurrence_ids)) FILTER (WHERE published_at IS NULL), 0),
+       coalesce(EXTRACT(EPOCH FROM clock_timestamp() - min(available_at) FILTER (WHERE published_at IS NULL)), 0),
+       count(*) FILTER (WHERE published_at IS NOT NULL)
+FROM dispatch_outboxmessage
+"""
+
+METRICS_RECENT_STATES = """
+SELECT lane, state, count(*) FROM dispatch_occurrence
+WHERE scheduled_for >= clock_timestamp() - make_interval(secs => %(window)s) AND scheduled_for <= clock_timestamp()
+GROUP BY lane, state
+"""
+
+METRICS_RECENT_LAG = """
+SELECT lane,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY lag),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY lag),
+       max(lag)
+FROM (SELECT lane, EXTRACT(EPOCH FROM enqueued_at - scheduled_for) AS lag FROM dispatch_occurrence
+      WHERE scheduled_for >= clock_timestamp() - make_interval(secs => %(window)s) AND enqueued_at IS NOT NULL) AS l
+GROUP BY lane
+"""
+
+# Loose index scan: one probe per shard on schedule_due_by_shard instead of a scan of every active schedule.
+METRICS_CURSOR_BEHIND = """
+SELECT coalesce(EXTRACT(EPOCH FROM clock_timestamp() - min(first_due)), 0)
+FROM generate_series(0, %(shards)s - 1) AS s(shard),
+LATERAL (SELECT next_run_at AS first_due FROM schedules_schedule
+         WHERE shard = s.shard AND state = 'active' AND next_run_at IS NOT NULL
+         ORDER BY next_run_at LIMIT 1) AS f
+"""
+
+METRICS_DEAD_AND_LEASES = """
+SELECT (SELECT count(*) FROM dispatch_occurrence WHERE state = 'dead'),
+       (SELECT count(*) FROM dispatch_occurrence WHERE state = 'running'),
+       (SELECT count(*) FROM dispatch_occurrence WHERE state = 'running' AND lease_expires_at < clock_timestamp())
+"""
+
+METRICS_LIVE_PROCESSES = """
+SELECT role, count(*) FROM dispatch_processheartbeat
+WHERE heartbeat_at > clock_timestamp() - interval '60 seconds' GROUP BY role
+"""
+
+
+# --- day partitions (dispatch/partitions.py) ---------------------------------------------------------------------
+
+# The day partitions of a parent table, by name (`<table>_pYYYYMMDD`); the DEFAULT partition does not match.
+PARTITION_CHILDREN = """
+SELECT child.relname
+FROM pg_inherits
+JOIN pg_class parent ON parent.oid = pg_inherits.inhparent
+JOIN pg_class child ON child.oid = pg_inherits.inhrelid
+JOIN pg_namespace ns ON ns.oid = parent.relnamespace
+WHERE parent.relname = %s AND ns.nspname = 'public'
+"""
+
+# Identifiers cannot be parameters: {partition} and {parent} are formatted in from names this module builds
+# (table names from a fixed tuple, days from dates), never from input.
+CREATE_DAY_PARTITION = (
+    'CREATE TABLE IF NOT EXISTS "public"."{partition}" PARTITION OF "public"."{parent}" FOR VALUES FROM (%s) TO (%s)'
+)
+DROP_PARTITION = 'DROP TABLE IF EXISTS "public"."{partition}"'
+# Rows of days older than the retention that sat in DEFAULT (no partition existed for their day when written).
+DELETE_DEFAULT_BEFORE = 'DELETE FROM "public"."{parent}_default" WHERE scheduled_for < %s'
+COUNT_DEFAULT_BEFORE = 'SELECT count(*) FROM "public"."{parent}_default" WHERE scheduled_for < %s'

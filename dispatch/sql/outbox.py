@@ -1,0 +1,75 @@
+"""The outbox of envelopes: written with the occurrences, claimed and stamped by the relay, settled afterwards."""
+
+from __future__ import annotations
+
+INSERT_OUTBOX = """
+INSERT INTO dispatch_outboxmessage
+    (tenant_id, queue, available_at, priority, occurrence_ids, scheduled_fors, body, published_at, created_at)
+VALUES (%s, %s, %s, %s, %s::uuid[], %s::timestamptz[], %s, NULL, clock_timestamp())
+"""
+
+# --- relay ----------------------------------------------------------------------------------------------------
+
+# Due envelopes in (time, priority) order, locked for the duration of publish + stamp. SKIP LOCKED lets several
+# relays share a burst. Served by the partial index outbox_due.
+CLAIM_DUE_ENVELOPES = """
+SELECT id, queue, priority, body, cardinality(occurrence_ids), available_at
+FROM dispatch_outboxmessage
+WHERE published_at IS NULL AND available_at <= clock_timestamp() + make_interval(secs => %(lead)s)
+ORDER BY available_at, priority DESC, id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""
+
+# One row per envelope at the hot instant instead of one UPDATE per occurrence (ARCHITECTURE.md "Measured").
+MARK_PUBLISHED = """
+UPDATE dispatch_outboxmessage AS m SET published_at = u.published_at
+FROM unnest(%(ids)s::bigint[], %(published_ats)s::timestamptz[]) AS u(id, published_at)
+WHERE m.id = u.id
+"""
+
+# Seconds until the earliest unpublished envelope is due, on PostgreSQL's clock (negative: overdue).
+SECONDS_UNTIL_DUE = """
+SELECT EXTRACT(EPOCH FROM (min(available_at) - clock_timestamp()))
+FROM dispatch_outboxmessage WHERE published_at IS NULL
+"""
+
+# Staging: the relay claims envelopes due within the next second or so and releases them at their instant.
+# An update, pause or cancel bumps this sequence when it withdraws occurrences; reading it takes no lock.
+BUMP_INVALIDATION = "SELECT nextval('dispatch_invalidation_seq')"
+
+INVALIDATION_MARK = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM dispatch_invalidation_seq"
+
+# Staged envelopes none of whose occurrences can still run (all withdrawn while staged): dropped unpublished.
+# Partly withdrawn envelopes are published; the worker's claim is the authority for each occurrence.
+WITHDRAWN_ENVELOPES = """
+SELECT m.id FROM dispatch_outboxmessage AS m
+WHERE m.id = ANY(%(ids)s::bigint[])
+  AND NOT EXISTS (
+    SELECT 1 FROM unnest(m.occurrence_ids, m.scheduled_fors) AS u(occurrence_id, scheduled_for)
+    JOIN dispatch_occurrence AS o ON o.occurrence_id = u.occurrence_id AND o.scheduled_for = u.scheduled_for
+    WHERE o.state IN ('scheduled', 'enqueued', 'retry_wait'))
+"""
+
+DELETE_ENVELOPES = "DELETE FROM dispatch_outboxmessage WHERE id = ANY(%(ids)s::bigint[])"
+
+# Settling copies an envelope's confirmation time onto its occurrences after the hot instant: scheduled →
+# enqueued (a worker may already have moved it further; then only enqueued_at is filled), then the envelope
+# row goes. The (occurrence_id, scheduled_for) pair lets PostgreSQL prune to one partition per row.
+SETTLE_PUBLISHED = """
+WITH settled AS (
+    DELETE FROM dispatch_outboxmessage
+    WHERE id IN (
+        SELECT id FROM dispatch_outboxmessage WHERE published_at IS NOT NULL
+        ORDER BY published_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+    RETURNING occurrence_ids, scheduled_fors, published_at
+), members AS (
+    SELECT u.occurrence_id, u.scheduled_for, settled.published_at
+    FROM settled, unnest(settled.occurrence_ids, settled.scheduled_fors) AS u(occurrence_id, scheduled_for)
+)
+UPDATE dispatch_occurrence AS o
+SET state = CASE WHEN o.state = 'scheduled' THEN 'enqueued' ELSE o.state END,
+    enqueued_at = COALESCE(o.enqueued_at, members.published_at)
+FROM members
+WHERE o.occurrence_id = members.occurrence_id AND o.scheduled_for = members.scheduled_for
+"""

@@ -1,0 +1,14 @@
+"""Operator console for the control plane: schedules listed in words and local time, changed only through services."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+# Django's autodiscovery imports only this package: importing the module registers ScheduleAdmin.
+from schedules.admin import schedule  # noqa: F401
+
+admin.site.site_header = "Scheduler operator console"
+admin.site.site_title = "Scheduler operator console"
+admin.site.index_title = "Operations"
+# The public host serves no site at "/": the header links to /metrics instead (templates/admin/base_site.html).
+admin.site.site_url = None

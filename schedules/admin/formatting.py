@@ -1,0 +1,59 @@
+"""How instants and rules read in the console: UTC and local wall-clock text, schedules and versions in words."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from schedules.cron_syntax import TimeRuleError
+from schedules.cron_text import describe_cron
+from schedules.models import Kind, Schedule
+from schedules.timerules import local_time
+
+
+def _clock(value: datetime) -> str:
+    # Cron fires land on whole minutes; seconds only appear when a one-off asked for them.
+    return "%Y-%m-%d %H:%M:%S" if value.second or value.microsecond else "%Y-%m-%d %H:%M"
+
+
+def format_utc(instant: datetime | None) -> str:
+    if instant is None:
+        return "—"
+    instant = instant.astimezone(UTC)
+    return f"{instant.strftime(_clock(instant))} UTC"
+
+
+def format_local(instant: datetime | None, timezone: str, *, with_offset: bool = False) -> str:
+    """Wall-clock time in the schedule's zone with its abbreviation, e.g. '2026-12-01 02:30 EST'."""
+    if instant is None:
+        return "—"
+    try:
+        local = local_time(instant, timezone)
+    except TimeRuleError:
+        return format_utc(instant)
+    text = f"{local.strftime(_clock(local))} {local.tzname()}"
+    if with_offset:
+        text += f" (UTC{local.strftime('%z')[:3]}:{local.strftime('%z')[3:]})"
+    return text
+
+
+def describe_schedule(schedule: Schedule) -> str:
+    """'At 02:30 every day (America/New_York)' or 'Once at 2026-12-01 09:00 EST (America/New_York)'."""
+    if schedule.kind == Kind.ONCE:
+        return f"Once at {format_local(schedule.run_at, schedule.timezone)} ({schedule.timezone})"
+    try:
+        text = describe_cron(schedule.cron or "")
+    except TimeRuleError:
+        text = schedule.cron or "?"
+    return f"{text} ({schedule.timezone})"
+
+
+def summarize_definition(definition: dict[str, Any]) -> str:
+    if definition.get("kind") == Kind.ONCE:
+        when = f"once at {definition.get('run_at')}"
+    else:
+        when = f"cron '{definition.get('cron')}'"
+    return (
+        f"{when} in {definition.get('timezone')}; handler {definition.get('handler')}; "
+        f"{definition.get('lane')} lane; priority {definition.get('priority')}; state {definition.get('state')}"
+    )

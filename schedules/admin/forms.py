@@ -1,0 +1,80 @@
+"""The schedule change form: the definition, validated by the same rules as the API."""
+
+from __future__ import annotations
+
+import zoneinfo
+from collections.abc import Iterable
+from typing import Any
+
+from django import forms
+
+from dispatch.handlers import registered_names
+from schedules.errors import ScheduleInvalid
+from schedules.models import DEFINITION_FIELDS, Kind, Schedule, ScheduleState
+from schedules.services import clean_definition
+
+
+class ScheduleChangeForm(forms.ModelForm):
+    """The definition, validated by the same rules as the API (services.clean_definition).
+
+    It never saves the model itself: ScheduleAdmin.save_model hands `definition_changes()` to update_schedule,
+    which writes a new version. `seen_version` rejects a save over a version the operator never saw.
+    """
+
+    seen_version = forms.IntegerField(widget=forms.HiddenInput)
+    handler = forms.ChoiceField()
+    timezone = forms.ChoiceField(help_text="IANA zone: cron fields are wall-clock time in this zone.")
+
+    class Meta:
+        model = Schedule
+        fields = DEFINITION_FIELDS
+        labels = {"run_at": "Run at (UTC)"}
+        help_texts = {
+            "cron": "5 fields: minute hour day-of-month month day-of-week (kind 'cron' only).",
+            "run_at": "The single fire of a schedule of kind 'once'.",
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stored = {field: getattr(self.instance, field) for field in DEFINITION_FIELDS}
+        self.definition: dict[str, Any] = {}
+        self.fields["seen_version"].initial = self.instance.version
+        self.fields["handler"].choices = _choices(registered_names(), self.instance.handler)
+        self.fields["timezone"].choices = _choices(_zone_names(), self.instance.timezone)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        seen = cleaned.get("seen_version")
+        current = Schedule.objects.filter(pk=self.instance.pk).values_list("version", flat=True).first()
+        if seen is not None and current is not None and seen != current:
+            raise forms.ValidationError(
+                f"This schedule changed while you were editing it (you saw version {seen}, it is now "
+                f"version {current}). Reload the page and apply your change again."
+            )
+        if self.instance.state == ScheduleState.CANCELED:
+            raise forms.ValidationError("A canceled schedule cannot be changed.")
+        if self.errors:
+            return cleaned
+        # The field of the other kind is dropped rather than reported: the form shows both at once.
+        if cleaned.get("kind") == Kind.ONCE:
+            cleaned["cron"] = None
+        elif cleaned.get("kind") == Kind.CRON:
+            cleaned["run_at"] = None
+        try:
+            self.definition = clean_definition({field: cleaned.get(field) for field in DEFINITION_FIELDS})
+        except ScheduleInvalid as exc:
+            for field, field_errors in exc.errors.items():
+                self.add_error(field if field in self.fields else None, field_errors)
+        return cleaned
+
+    def definition_changes(self) -> dict[str, Any]:
+        return {field: value for field, value in self.definition.items() if value != self.stored[field]}
+
+
+def _choices(names: Iterable[str], current: str | None) -> list[tuple[str, str]]:
+    values = sorted(set(names) | ({current} if current else set()))
+    return [(value, value) for value in values]
+
+
+def _zone_names() -> set[str]:
+    return zoneinfo.available_timezones() - {"localtime", "posixrules", "Factory"}

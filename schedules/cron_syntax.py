@@ -1,0 +1,248 @@
+"""Cron syntax: strict parsing and normalisation of 5-field Vixie expressions and macros, without croniter."""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "CronField",
+    "CronSpec",
+    "TimeRuleError",
+    "normalize_cron",
+    "parse_cron",
+]
+
+# Longer input is never a hand-written crontab line; refusing it early bounds parsing work per request.
+MAX_CRON_LENGTH = 200
+# One entry per distinct expression: tenants share a handful of rhythms, so this stays small.
+PARSE_CACHE_SIZE = 4096
+
+MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+DOW_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+_FIELDS_HINT = "minute hour day-of-month month day-of-week"
+_ELEMENT_RE = re.compile(r"(?:(\*)|([0-9a-z]+)(?:-([0-9a-z]+))?)(?:/([0-9]+))?", re.ASCII)
+
+
+# Defined here, at the bottom of the time-rule modules, so the syntax checks can raise it without importing
+# croniter; schedules.timerules raises the same class for zones, kinds and run_at, and re-exports it.
+class TimeRuleError(ValueError):
+    """Raised with a precise, user-facing message; `field` names the API field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class _FieldSpec:
+    name: str
+    low: int
+    high: int
+    names: tuple[str, ...] = ()
+    name_base: int = 0
+
+    def hint(self) -> str:
+        if self.names:
+            return f"{self.low}-{self.high} or {self.names[0]}-{self.names[-1]}"
+        return f"{self.low}-{self.high}"
+
+
+# Day-of-week accepts 7 as a second Sunday, as Vixie cron does.
+_FIELD_SPECS = (
+    _FieldSpec("minute", 0, 59),
+    _FieldSpec("hour", 0, 23),
+    _FieldSpec("day-of-month", 1, 31),
+    _FieldSpec("month", 1, 12, MONTH_NAMES, 1),
+    _FieldSpec("day-of-week", 0, 7, DOW_NAMES, 0),
+)
+_DAYS_IN_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February at its leap-year longest
+
+
+@dataclass(frozen=True)
+class CronField:
+    """One parsed field: its normalised text and the values it selects (day-of-week 7 folded into 0)."""
+
+    text: str
+    values: frozenset[int]
+    full: bool
+    # Vixie decides the day-of-month/day-of-week OR rule on whether the field *starts with* "*" ("*/2" too).
+    star: bool
+
+
+@dataclass(frozen=True)
+class CronSpec:
+    """A validated expression: the normalised text (macros kept as written) and its five fields."""
+
+    expression: str
+    minute: CronField
+    hour: CronField
+    dom: CronField
+    month: CronField
+    dow: CronField
+
+    @property
+    def day_or(self) -> bool:
+        return not (self.dom.star or self.dow.star)
+
+
+def normalize_cron(expr: str) -> str:
+    """Validate a 5-field Vixie expression or macro; return it lowercased with whitespace collapsed."""
+    return parse_cron(expr).expression
+
+
+def parse_cron(expr: object) -> CronSpec:
+    """Validate an expression or macro and return its fields; raises TimeRuleError(field="cron")."""
+    return _parse_checked(_check_cron_text(expr))
+
+
+def _check_cron_text(expr: object) -> str:
+    # Runs before the cache: an unhashable non-string would raise TypeError there instead of TimeRuleError.
+    if not isinstance(expr, str):
+        raise TimeRuleError("cron", "The cron expression must be a string such as '30 2 * * *'.")
+    if len(expr) > MAX_CRON_LENGTH:
+        raise TimeRuleError("cron", f"The cron expression is too long (over {MAX_CRON_LENGTH} characters).")
+    if not expr.strip():
+        raise TimeRuleError("cron", f"The cron expression is empty. Use 5 fields: {_FIELDS_HINT}.")
+    return expr
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_SIZE)
+def _parse_checked(expr: str) -> CronSpec:
+    # Only spaces and tabs separate fields, as in a crontab; other whitespace inside is reported as invalid.
+    tokens = re.split(r"[ \t]+", expr.strip(" \t\r\n").lower())
+    normalized = " ".join(tokens)
+    if len(tokens) == 1 and tokens[0].startswith("@"):
+        macro = tokens[0]
+        if macro == "@reboot":
+            raise TimeRuleError("cron", "'@reboot' is not supported: a schedule needs fire times.")
+        if macro not in MACROS:
+            supported = ", ".join(MACROS)
+            raise TimeRuleError("cron", f"Unknown macro {macro[:20]!r}. Supported macros: {supported}.")
+        tokens = MACROS[macro].split(" ")
+    elif any(token.startswith("@") for token in tokens):
+        raise TimeRuleError("cron", "A macro such as '@daily' must be the whole expression.")
+    if len(tokens) != 5:
+        extra = ""
+        if len(tokens) in (6, 7):
+            extra = " Seconds and year fields are not supported."
+        raise TimeRuleError("cron", f"Expected 5 fields ({_FIELDS_HINT}) but got {len(tokens)}.{extra}")
+    minute, hour, dom, month, dow = (
+        _parse_field(token, spec) for token, spec in zip(tokens, _FIELD_SPECS, strict=True)
+    )
+    spec = CronSpec(normalized, minute, hour, dom, month, dow)
+    _check_satisfiable(spec)
+    return spec
+
+
+def _parse_field(token: str, spec: _FieldSpec) -> CronField:
+    values: set[int] = set()
+    for element in token.split(","):
+        values.update(_parse_element(element, token, spec))
+    if spec.name == "day-of-week" and 7 in values:
+        values.discard(7)
+        values.add(0)
+    span = 7 if spec.name == "day-of-week" else spec.high - spec.low + 1
+    return CronField(token, frozenset(values), len(values) == span, token.startswith("*"))
+
+
+def _parse_element(element: str, token: str, spec: _FieldSpec) -> range:
+    where = f"In the {spec.name} field {token[:40]!r}"
+    unsupported = _unsupported_syntax(element)
+    if unsupported:
+        raise TimeRuleError("cron", f"{where}: {unsupported}")
+    match = _ELEMENT_RE.fullmatch(element)
+    if match is None:
+        raise TimeRuleError(
+            "cron",
+            f"{where}: {element[:20]!r} is not valid. Use values {spec.hint()}, '*', ranges (a-b), "
+            "steps (*/n or a-b/n) and lists (a,b).",
+        )
+    star, first, last, step_text = match.groups()
+    if star:
+        low, high = spec.low, spec.high
+    else:
+        low = _parse_value(first, spec)
+        if last is None and step_text is not None:
+            raise TimeRuleError(
+                "cron",
+                f"{where}: a step needs '*' or a range before it, "
+                f"e.g. '*/{step_text}' or '{first}-{spec.high}/{step_text}'.",
+            )
+        high = low if last is None else _parse_value(last, spec)
+        if high < low:
+            raise TimeRuleError(
+                "cron",
+                f"{where}: the range {first}-{last} runs backwards; "
+                "list the values instead (ranges do not wrap around).",
+            )
+    step = 1
+    if step_text is not None:
+        step = int(step_text)
+        span = spec.high - spec.low + 1
+        if not 1 <= step <= span:
+            raise TimeRuleError("cron", f"{where}: the step must be between 1 and {span}.")
+    return range(low, high + 1, step)
+
+
+def _parse_value(text: str, spec: _FieldSpec) -> int:
+    if text.isdigit():
+        value = int(text)
+        if not spec.low <= value <= spec.high:
+            raise TimeRuleError(
+                "cron",
+                f"{value} is out of range for the {spec.name} field (allowed {spec.low}-{spec.high}).",
+            )
+        return value
+    if text in spec.names:
+        return spec.names.index(text) + spec.name_base
+    if spec.names:
+        expected = f"use {spec.names[0]}-{spec.names[-1]} or {spec.low}-{spec.high}"
+    else:
+        expected = f"names are only allowed in the month and day-of-week fields; use {spec.low}-{spec.high}"
+    raise TimeRuleError("cron", f"Unknown value {text[:20]!r} in the {spec.name} field: {expected}.")
+
+
+def _unsupported_syntax(element: str) -> str | None:
+    """Name the non-Vixie feature the user reached for, since other schedulers taught them to."""
+    if not element:
+        return "empty list item."
+    if "?" in element:
+        return "'?' is not supported; use '*'."
+    if "#" in element:
+        return "'#' (nth weekday of the month) is not supported."
+    for part in re.split(r"[-/]", element):
+        if part in ("l", "lw") or re.fullmatch(r"[0-9]+l", part):
+            return "'L' (last day) is not supported."
+        if re.fullmatch(r"[0-9]+w|w[0-9]*", part):
+            return "'W' (nearest weekday) is not supported."
+        if part == "h" or part.startswith("h("):
+            return "'H' (hashed values) is not supported."
+        if part == "r" or part.startswith("r("):
+            return "'R' (random values) is not supported."
+    return None
+
+
+def _check_satisfiable(spec: CronSpec) -> None:
+    # Under the OR rule any restricted weekday occurs every month, and with AND each calendar date falls on
+    # every weekday over the years, so only a day-of-month that no selected month contains is hopeless.
+    if spec.day_or or spec.dom.full:
+        return
+    if any(day <= _DAYS_IN_MONTH[month - 1] for month in spec.month.values for day in spec.dom.values):
+        return
+    message = f"day-of-month {spec.dom.text!r} never occurs in month {spec.month.text!r}"
+    raise TimeRuleError("cron", f"The expression never fires: {message}.")
