@@ -14,25 +14,23 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dispatch.identity import utc_key
-
-if TYPE_CHECKING:
-    from dispatch.outbox import Envelope
 
 RUN_ENVELOPE_TASK = "dispatch.run_envelope"
 BODY_VERSION = 1
 
 
-def encode_body(envelope: Envelope) -> bytes:
+def encode_body(tenant_id: int, queue: str, occurrences: Iterable[tuple[uuid.UUID, datetime]]) -> bytes:
     """The Celery protocol-2 body: [args, kwargs, embed]; the single argument is the envelope's content."""
     content = {
         "v": BODY_VERSION,
-        "tenant_id": envelope.tenant_id,
-        "queue": envelope.queue,
-        "occurrences": [[str(fire.occurrence_id), utc_key(fire.scheduled_for)] for fire in envelope.fires],
+        "tenant_id": tenant_id,
+        "queue": queue,
+        "occurrences": [[str(occurrence_id), utc_key(scheduled_for)] for occurrence_id, scheduled_for in occurrences],
     }
     embed = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
     return json.dumps([[content], {}, embed], separators=(",", ":")).encode()

@@ -7,7 +7,7 @@ reconciler uses it as an independent second opinion, and backfill to recreate ex
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -43,7 +43,7 @@ class VersionSpan:
     error: str | None = None
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> VersionSpan:
+    def from_row(cls, row: Mapping[str, Any]) -> VersionSpan:
         run_at, error = None, None
         if row["run_at"]:
             try:

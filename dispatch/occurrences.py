@@ -78,7 +78,7 @@ MAX_OWED_FIRES = 10_000
 
 def record_owed_fires_as_missed(schedule, *, until: datetime) -> int:
     """Record the current version's unmaterialized fires from its cursor up to `until` as missed rows."""
-    fires = []
+    fires: list[datetime] = []
     cursor = schedule.next_run_at
     rule = schedule.time_rule
     while cursor is not None and cursor <= until and len(fires) < MAX_OWED_FIRES:

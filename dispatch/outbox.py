@@ -53,6 +53,10 @@ class Envelope:
     priority: int
     fires: tuple[Fire, ...]
 
+    def body(self) -> bytes:
+        """The message body the relay will send untouched."""
+        return encode_body(self.tenant_id, self.queue, ((f.occurrence_id, f.scheduled_for) for f in self.fires))
+
     @property
     def occurrence_ids(self) -> list[uuid.UUID]:
         return [fire.occurrence_id for fire in self.fires]
@@ -96,7 +100,7 @@ def enqueue(cursor, fires: list[Fire], size: int | None = None) -> int:
         cursor.executemany(
             outbox_sql.INSERT_OUTBOX,
             [
-                (e.tenant_id, e.queue, e.available_at, e.priority, e.occurrence_ids, e.scheduled_fors, encode_body(e))
+                (e.tenant_id, e.queue, e.available_at, e.priority, e.occurrence_ids, e.scheduled_fors, e.body())
                 for e in envelopes
             ],
         )

@@ -358,7 +358,9 @@ class BurstBenchmark:
 
         Returns messages, distinct envelopes, duplicate messages and distinct occurrences found on the queues.
         """
-        messages, envelopes, occurrences = 0, set(), set()
+        messages = 0
+        envelopes: set[str] = set()
+        occurrences: set[str] = set()
         with BrokerConnection(settings.CELERY_BROKER_URL) as broker:
             for queue in (BENCH_STRICT_QUEUE, BENCH_FLEXIBLE_QUEUE):
                 simple = broker.SimpleQueue(queue, no_ack=True)

@@ -39,7 +39,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any
 
 from django.conf import settings
 from django.core.management import call_command
@@ -156,7 +156,7 @@ def child_command(config: PeerBeatConfig) -> list[str]:
     return command
 
 
-def run_under_bench_settings(config: PeerBeatConfig, out: TextIO) -> int:
+def run_under_bench_settings(config: PeerBeatConfig, out: IO[str] | OutputWrapper) -> int:
     """Re-execute `bench peer-beat` under settings_bench on the same database, forwarding its output; returns its
     exit code. The product's settings never load django-celery-beat, so its models are only usable there."""
     if os.environ.get(REEXEC_ENV):
@@ -193,7 +193,7 @@ def run_under_bench_settings(config: PeerBeatConfig, out: TextIO) -> int:
             child.wait()
 
 
-def _forward(child: subprocess.Popen, out: TextIO) -> None:
+def _forward(child: subprocess.Popen, out: IO[str] | OutputWrapper) -> None:
     assert child.stdout is not None
     for line in child.stdout:
         # Lines arrive with their own newline; Django's OutputWrapper would add another.
@@ -205,7 +205,7 @@ def _forward(child: subprocess.Popen, out: TextIO) -> None:
 
 
 class PeerBeatBenchmark:
-    def __init__(self, config: PeerBeatConfig, out: TextIO = sys.stdout) -> None:
+    def __init__(self, config: PeerBeatConfig, out: IO[str] | OutputWrapper = sys.stdout) -> None:
         self.config = config
         self.out = out
         self.run_id = uuid.uuid4().hex[:8]
@@ -453,7 +453,7 @@ class PeerBeatBenchmark:
             "beat_cpu_s": self.beat_cpu_s,
             "loadavg_1m_at_end": float(Path("/proc/loadavg").read_text().split()[0]),
             "celery": importlib.metadata.version("celery"),
-            "confirm_publish": bool(settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("confirm_publish")),
+            "confirm_publish": bool(getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}).get("confirm_publish")),
             "cpu_count": os.cpu_count(),
             "beat_log": self.kept_log,
             "lags_out": str(self.config.lags_out) if self.config.lags_out is not None else None,

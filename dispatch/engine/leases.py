@@ -12,9 +12,10 @@ import logging
 import os
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
@@ -25,9 +26,6 @@ from dispatch.outbox import Fire, enqueue
 from dispatch.sql import DB_NOW
 from dispatch.sql import leases as lease_sql
 
-if TYPE_CHECKING:
-    from dispatch.engine.worker import Claim
-
 logger = logging.getLogger(__name__)
 
 # How often the renewal thread wakes to see whether a round is due (rounds run every lease/3).
@@ -37,6 +35,19 @@ REAPED = Counter("scheduler_worker_reaped", "Expired leases reaped, by resulting
 CANCEL_SIGNALS = Counter("scheduler_worker_cancel_signals", "Cancel events raised for running handlers.", ["reason"])
 
 
+class Leased(Protocol):
+    """What the renewer needs of a claim (dispatch.engine.worker.Claim): which attempt holds which occurrence."""
+
+    @property
+    def occurrence_id(self) -> uuid.UUID: ...
+    @property
+    def scheduled_for(self) -> datetime: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def attempt_id(self) -> int: ...
+
+
 # --- renewal ----------------------------------------------------------------------------------------------------
 
 
@@ -44,7 +55,7 @@ CANCEL_SIGNALS = Counter("scheduler_worker_cancel_signals", "Cancel events raise
 class Ticket:
     """One running handler the renewer looks after; `reason` is why its cancel event was raised, if it was."""
 
-    claim: Claim
+    claim: Leased
     cancel_event: threading.Event
     deadline: float
     reason: str | None = None
@@ -72,7 +83,7 @@ class LeaseRenewer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def register(self, claim: Claim, cancel_event: threading.Event, deadline: float) -> Ticket:
+    def register(self, claim: Leased, cancel_event: threading.Event, deadline: float) -> Ticket:
         ticket = Ticket(claim, cancel_event, deadline)
         with self._lock:
             self._tickets[claim.attempt_id] = ticket

@@ -15,6 +15,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import aio_pika
 import psycopg
@@ -81,16 +82,32 @@ class Relay:
 
     # --- connections -------------------------------------------------------------------------------------------
 
+    @property
+    def db(self) -> psycopg.AsyncConnection:
+        if self._db is None:
+            raise RuntimeError("the relay is not connected to PostgreSQL")
+        return self._db
+
+    @property
+    def channel(self) -> AbstractChannel:
+        if self._channel is None:
+            raise RuntimeError("the relay is not connected to the broker")
+        return self._channel
+
+    async def _scalar(self, query: str, params: dict | None = None) -> Any:
+        """The first column of the first row of a one-row query."""
+        row = await (await self.db.execute(query, params)).fetchone()
+        return row[0] if row is not None else None
+
     async def connect(self) -> None:
         self._db = await psycopg.AsyncConnection.connect(self.conninfo, application_name=self.name)
         self._broker = await aio_pika.connect_robust(self.broker_url, client_properties={"connection_name": self.name})
         self._channel = await self._broker.channel(publisher_confirms=True)
-        mark = await (await self._db.execute(outbox_sql.INVALIDATION_MARK)).fetchone()
-        await self._db.commit()
-        self._invalidation_mark = mark[0]
+        self._invalidation_mark = await self._scalar(outbox_sql.INVALIDATION_MARK)
+        await self.db.commit()
         for queue in ALL_QUEUES:
             # Plain durable classic queues, declared exactly as the Celery workers declare them.
-            await self._channel.declare_queue(queue, durable=True)
+            await self.channel.declare_queue(queue, durable=True)
 
     async def close(self) -> None:
         if self._broker is not None:
@@ -117,15 +134,14 @@ class Relay:
         3. Before each release, if the invalidation mark moved, drop staged envelopes whose occurrences were all
            withdrawn meanwhile. Stamp the confirmed envelopes and commit; the locks end with the transaction.
         """
-        assert self._db is not None and self._channel is not None
-        async with self._db.transaction():
-            cursor = await self._db.execute(
+        async with self.db.transaction():
+            cursor = await self.db.execute(
                 outbox_sql.CLAIM_DUE_ENVELOPES, {"lead": self.stage_seconds, "limit": self.batch_size}
             )
             rows = {row[0]: row for row in await cursor.fetchall()}
             if not rows:
                 return 0
-            anchor_db = (await (await self._db.execute(DB_NOW)).fetchone())[0]
+            anchor_db = await self._scalar(DB_NOW)
             anchor_mono = time.monotonic()
             timer = PriorityTimer(workers=1)
             for envelope_id, row in rows.items():
@@ -163,7 +179,7 @@ class Relay:
                     break
                 await asyncio.sleep(wait)
             if ids:
-                await self._db.execute(outbox_sql.MARK_PUBLISHED, {"ids": ids, "published_ats": stamps})
+                await self.db.execute(outbox_sql.MARK_PUBLISHED, {"ids": ids, "published_ats": stamps})
         self.stats.published_envelopes += len(ids)
         self.stats.published_occurrences += occurrences
         logger.debug("published %d envelopes (%d occurrences)", len(ids), occurrences, extra={"action": "publish"})
@@ -172,14 +188,14 @@ class Relay:
     async def _drop_withdrawn(self, timer: PriorityTimer, due: list[Claimed]) -> None:
         """Delete due envelopes all of whose occurrences were withdrawn since staging (rare: checked only when
         an update, pause or cancel moved the invalidation mark)."""
-        mark = (await (await self._db.execute(outbox_sql.INVALIDATION_MARK)).fetchone())[0]
+        mark = await self._scalar(outbox_sql.INVALIDATION_MARK)
         if mark == self._invalidation_mark:
             return
         self._invalidation_mark = mark
-        cursor = await self._db.execute(outbox_sql.WITHDRAWN_ENVELOPES, {"ids": [claim.task_id for claim in due]})
+        cursor = await self.db.execute(outbox_sql.WITHDRAWN_ENVELOPES, {"ids": [claim.task_id for claim in due]})
         withdrawn = [row[0] for row in await cursor.fetchall()]
         if withdrawn:
-            await self._db.execute(outbox_sql.DELETE_ENVELOPES, {"ids": withdrawn})
+            await self.db.execute(outbox_sql.DELETE_ENVELOPES, {"ids": withdrawn})
             for claim in due:
                 if claim.task_id in withdrawn:
                     timer.complete(claim, ok=False)
@@ -199,14 +215,13 @@ class Relay:
             correlation_id=task_id,
         )
         # mandatory: an unroutable message comes back as an error instead of vanishing, so it is retried.
-        await self._channel.default_exchange.publish(message, routing_key=queue, mandatory=True)
+        await self.channel.default_exchange.publish(message, routing_key=queue, mandatory=True)
         return time.monotonic()
 
     async def settle(self) -> int:
         """Copy confirmation stamps onto occurrences (scheduled → enqueued) and drop settled envelopes."""
-        assert self._db is not None
-        async with self._db.transaction():
-            cursor = await self._db.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": self.settle_batch})
+        async with self.db.transaction():
+            cursor = await self.db.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": self.settle_batch})
             settled = cursor.rowcount
         if settled > 0:
             self.stats.settled_envelopes += 1
@@ -214,9 +229,8 @@ class Relay:
 
     async def seconds_until_due(self) -> float:
         """How long to sleep: until the earliest unpublished envelope is due (PostgreSQL's clock), capped."""
-        assert self._db is not None
-        async with self._db.transaction():
-            cursor = await self._db.execute(outbox_sql.SECONDS_UNTIL_DUE)
+        async with self.db.transaction():
+            cursor = await self.db.execute(outbox_sql.SECONDS_UNTIL_DUE)
             row = await cursor.fetchone()
         if row is None or row[0] is None:
             return self.max_idle

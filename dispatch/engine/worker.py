@@ -134,7 +134,7 @@ def try_claim(
     occurrence_id: uuid.UUID, scheduled_for: datetime, worker_name: str, now: datetime | None = None
 ) -> Claim | Drop:
     """Claim one occurrence for `worker_name`, or tell why the delivery must not run now (logged and counted)."""
-    key = {"occurrence_id": occurrence_id, "scheduled_for": scheduled_for}
+    key: dict[str, Any] = {"occurrence_id": occurrence_id, "scheduled_for": scheduled_for}
     outcome: Claim | Drop = Drop("unknown", None)
     schedule_id = None  # known, and locked first, only once an overlap policy asks for it
     for _ in range(2):

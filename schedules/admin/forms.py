@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zoneinfo
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 
@@ -39,11 +39,11 @@ class ScheduleChangeForm(forms.ModelForm):
         self.stored = {field: getattr(self.instance, field) for field in DEFINITION_FIELDS}
         self.definition: dict[str, Any] = {}
         self.fields["seen_version"].initial = self.instance.version
-        self.fields["handler"].choices = _choices(registered_names(), self.instance.handler)
-        self.fields["timezone"].choices = _choices(_zone_names(), self.instance.timezone)
+        cast(forms.ChoiceField, self.fields["handler"]).choices = _choices(registered_names(), self.instance.handler)
+        cast(forms.ChoiceField, self.fields["timezone"]).choices = _choices(_zone_names(), self.instance.timezone)
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
+        cleaned = super().clean() or {}
         seen = cleaned.get("seen_version")
         current = Schedule.objects.filter(pk=self.instance.pk).values_list("version", flat=True).first()
         if seen is not None and current is not None and seen != current:

@@ -224,7 +224,7 @@ class ScheduleAdmin(admin.ModelAdmin):
             updated = update_schedule(obj, changes, actor=operator_actor(request))
         except (StateConflict, ScheduleInvalid) as exc:
             # Lost a race with a cancel or another update after the form was validated.
-            request._schedule_save_failed = True
+            request._schedule_save_failed = True  # type: ignore[attr-defined]  # read by response_change
             messages.error(request, f"Not saved: {getattr(exc, 'message', None) or exc}")
             return
         for field in Schedule._meta.concrete_fields:

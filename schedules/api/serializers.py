@@ -57,9 +57,7 @@ class AwareDateTimeField(serializers.Field):
         return utc_text(value)
 
 
-def utc_text(value: datetime | None) -> str | None:
-    if value is None:
-        return None
+def utc_text(value: datetime) -> str:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 

@@ -42,7 +42,7 @@ CancelSerializer = inline_serializer(
 PREVIEW_PLACEHOLDERS = {"name": "preview", "handler": "noop"}
 PARSERS = [BoundedJSONParser, FormParser, MultiPartParser]
 # The column that stores a create's key; a longer key would fail in the database rather than as a 400.
-MAX_IDEMPOTENCY_KEY_LENGTH = Schedule._meta.get_field("idempotency_key").max_length
+MAX_IDEMPOTENCY_KEY_LENGTH: int = Schedule._meta.get_field("idempotency_key").max_length or 0
 
 
 def actor_of(request: Request) -> str:
@@ -120,7 +120,7 @@ class ScheduleViewSet(
 
     @extend_schema(request=None, responses=CancelSerializer)
     def destroy(self, request: Request, pk: str | None = None) -> Response:
-        return self.cancel(request, pk)
+        return ScheduleViewSet.cancel(self, request, pk)
 
     @extend_schema(parameters=[PreviewQuerySerializer], responses=FiresSerializer)
     @action(detail=True, methods=["get"])

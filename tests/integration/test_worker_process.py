@@ -35,9 +35,10 @@ from schedules.clock import db_now
 from tests.handlers import effects, ensure_effects_table
 
 ROOT = Path(__file__).resolve().parents[2]
-# Queues of this module's own: a relay test running at the same time on the suite's queues is not disturbed.
-STRICT = "test.worker.strict"
-FLEXIBLE = "test.worker.flexible"
+# Queues of this module's own, named after the suite's (which a run may set per checkout): a relay test running at
+# the same time on the suite's queues, or another checkout's suite on the same broker, is not disturbed.
+STRICT = f"{queue_for_lane('strict')}.worker"
+FLEXIBLE = f"{queue_for_lane('flexible')}.worker"
 WORKER_QUEUE = {queue_for_lane("strict"): STRICT, queue_for_lane("flexible"): FLEXIBLE}
 LEASE_SECONDS = 3
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
