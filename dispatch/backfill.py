@@ -130,9 +130,8 @@ def _count_or_refuse(schedule_id: uuid.UUID, since: datetime, until: datetime, m
 def _ensure_day_partitions(chunk: list[ExpectedFire]) -> None:
     """Create the day partitions this chunk writes into, in runs of consecutive days.
 
-    Only days that hold fires: a daily rhythm over years must not create a partition per empty day. Done in its own
-    short transaction before the insert (partition DDL locks the parent table), and inside one at all because
-    ensure_partitions issues raw SAVEPOINTs, which PostgreSQL refuses outside a transaction block.
+    Only days that hold fires: a daily rhythm over years must not create a partition per empty day. Done before the
+    insert, outside its transaction: partition DDL locks the parent table, so each day commits on its own.
     """
     days = sorted({fire.scheduled_for.astimezone(UTC).date() for fire in chunk})
     runs: list[list[date]] = []
@@ -141,9 +140,8 @@ def _ensure_day_partitions(chunk: list[ExpectedFire]) -> None:
             runs[-1].append(day)
         else:
             runs.append([day])
-    with transaction.atomic():
-        for run in runs:
-            ensure_partitions(connection, run[0], run[-1])
+    for run in runs:
+        ensure_partitions(connection, run[0], run[-1])
 
 
 def _write_chunk(chunk: list[ExpectedFire], now: datetime) -> int:

@@ -10,6 +10,7 @@ import logging
 import re
 from datetime import UTC, date, datetime, timedelta
 
+from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from dispatch.sql import maintenance as maintenance_sql
@@ -45,37 +46,41 @@ def existing_partition_days(connection: BaseDatabaseWrapper, table: str) -> set[
 def ensure_partitions(connection: BaseDatabaseWrapper, first_day: date, last_day: date) -> int:
     """Create the daily partitions of [first_day, last_day] that do not exist yet; returns how many were made.
 
+    Works in autocommit (a long-running process between batches) and inside a transaction (a migration, a
+    backfill) alike: each CREATE runs in `transaction.atomic`, which is a transaction of its own in autocommit and
+    a savepoint inside one, so one refused day never aborts the caller's transaction nor the next day.
+
     A day whose rows already sit in the DEFAULT partition cannot get its own partition (PostgreSQL refuses):
-    those rows stay in DEFAULT, where they are still found and pruned, so the failure is logged and skipped.
+    those rows stay in DEFAULT, where they are still found and pruned. The refusal is logged once per process
+    and not retried every batch.
     """
     created = 0
+    wanted = [first_day + timedelta(days=n) for n in range((last_day - first_day).days + 1)]
     for table in PARTITIONED_TABLES:
-        wanted = [first_day + timedelta(days=n) for n in range((last_day - first_day).days + 1)]
         if all((table, day) in _known for day in wanted):
             continue
         existing = existing_partition_days(connection, table)
         for day in wanted:
+            if (table, day) in _known:
+                continue
             if day in existing:
                 _known.add((table, day))
                 continue
             start = datetime(day.year, day.month, day.day, tzinfo=UTC)
             end = start + timedelta(days=1)
+            name = partition_name(table, day)
             try:
-                with connection.cursor() as cursor:
-                    cursor.execute("SAVEPOINT ensure_partition")
+                with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
                     cursor.execute(
-                        maintenance_sql.CREATE_DAY_PARTITION.format(partition=partition_name(table, day), parent=table),
+                        maintenance_sql.CREATE_DAY_PARTITION.format(partition=name, parent=table),
                         [start.isoformat(), end.isoformat()],
                     )
-                    cursor.execute("RELEASE SAVEPOINT ensure_partition")
+            except DatabaseError as exc:
+                logger.warning("partition %s not created: %s", name, exc, extra={"action": "partition"})
+            else:
                 created += 1
-                _known.add((table, day))
-            except Exception as exc:
-                with connection.cursor() as cursor:
-                    cursor.execute("ROLLBACK TO SAVEPOINT ensure_partition")
-                logger.warning(
-                    "partition %s not created: %s", partition_name(table, day), exc, extra={"action": "partition"}
-                )
+                logger.info("created partition %s", name, extra={"action": "partition"})
+            _known.add((table, day))
     return created
 
 
