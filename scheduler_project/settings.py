@@ -90,6 +90,9 @@ _database = dj_database_url.parse(
 if _database["ENGINE"] != "django.db.backends.postgresql":
     raise ImproperlyConfigured("DATABASE_URL must point at PostgreSQL (postgres://...).")
 _database["ENGINE"] = "django_tenants.postgresql_backend"
+# Persistent connections are checked before reuse: after a PostgreSQL restart or failover a request (or a worker
+# thread) gets a fresh connection instead of an error from the dead one.
+_database["CONN_HEALTH_CHECKS"] = True
 DATABASES = {"default": _database}
 DATABASE_ROUTERS = ["django_tenants.routers.TenantSyncRouter"]
 

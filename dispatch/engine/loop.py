@@ -37,6 +37,47 @@ class StopFlag:
             signal.signal(signal.SIGINT, self.set)
 
 
+# Waits between failed steps grow from the first backoff, doubling, up to this cap: an outage of a minute is
+# retried often enough to recover within seconds of its end, without a log line or a connection attempt per ms.
+MAX_ERROR_BACKOFF_SECONDS = 30.0
+
+
+class Outage:
+    """Consecutive failed steps of one process: a capped exponential backoff, logged once when an outage starts
+    (with its traceback) and once when it ends, so a ten-minute database restart is two log lines, not 600."""
+
+    def __init__(self, first_backoff_seconds: float = 1.0, max_backoff_seconds: float = MAX_ERROR_BACKOFF_SECONDS):
+        self.first_backoff = first_backoff_seconds
+        self.max_backoff = max_backoff_seconds
+        self.failures = 0
+        self._started = 0.0
+
+    def failed(self, exc: BaseException) -> float:
+        """Record a failed step; returns how long to wait before the next one."""
+        self.failures += 1
+        if self.failures == 1:
+            self._started = monotonic()
+            logger.error(
+                "step failed; retrying with backoff up to %.0fs (logged once per outage)",
+                self.max_backoff,
+                exc_info=exc,
+                extra={"action": "step_error"},
+            )
+        else:
+            logger.debug("step failed again (%d in a row): %r", self.failures, exc, extra={"action": "step_error"})
+        return min(self.max_backoff, self.first_backoff * 2 ** (self.failures - 1))
+
+    def succeeded(self) -> None:
+        if self.failures:
+            logger.warning(
+                "recovered after %d failed steps (%.1fs)",
+                self.failures,
+                monotonic() - self._started,
+                extra={"action": "step_recovered"},
+            )
+            self.failures = 0
+
+
 def run_loop(
     step: Callable[[], bool],
     stop: StopFlag,
@@ -44,21 +85,30 @@ def run_loop(
     idle_seconds: float | Callable[[], float],
     once: bool = False,
     error_backoff_seconds: float = 1.0,
+    on_error: Callable[[BaseException], None] | None = None,
 ) -> None:
     """Call `step` while it reports work; when idle, sleep `idle_seconds` (or what the callable says).
 
-    With `once`, return at the first idle step. An exception in a step is logged and retried after a pause: a
-    database restart must not end the process.
+    With `once`, return at the first idle step. An exception in a step does not end the process (a database or
+    broker restart must not): `on_error` resets what the step depends on (e.g. closes a dead connection, so the
+    next step opens a new one), then the step is retried after the Outage's backoff.
     """
+    outage = Outage(error_backoff_seconds)
     while not stop.is_set:
         try:
             did_work = step()
-        except Exception:
-            logger.exception("step failed; retrying in %.1fs", error_backoff_seconds, extra={"action": "step_error"})
+        except Exception as exc:
             if once:
                 raise
-            stop.sleep(error_backoff_seconds)
+            backoff = outage.failed(exc)
+            if on_error is not None:
+                try:
+                    on_error(exc)
+                except Exception:
+                    logger.debug("resetting after a failed step failed too", exc_info=True)
+            stop.sleep(backoff)
             continue
+        outage.succeeded()
         if did_work:
             continue
         if once:

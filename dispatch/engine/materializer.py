@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
 from dispatch.engine.leases import reap_expired_leases
 from dispatch.engine.loop import StopFlag, default_process_name, monotonic, run_loop
@@ -96,6 +96,13 @@ class Materializer:
                     logger.info("claimed %d shards", len(claimed), extra={"action": "lease_claim"})
                 self.leases.update(claimed)
         self._next_maintenance = monotonic() + self.lease_seconds / 3
+
+    def _after_failed_step(self, exc: BaseException) -> None:
+        """A failed step may have left Django's connection dead (PostgreSQL restart, failover, a terminated
+        backend): close it so the next step connects afresh. Leases may have expired meanwhile; the next
+        maintenance renews what is still ours and reports what was lost."""
+        connection.close()
+        self._next_maintenance = 0.0
 
     def release_all(self) -> None:
         with connection.cursor() as cursor:
@@ -234,7 +241,17 @@ class Materializer:
         self.stop.install()
         logger.info("materializer %s starting", self.name, extra={"action": "start"})
         try:
-            run_loop(self.step, self.stop, idle_seconds=settings.SCHEDULER_MATERIALIZE_IDLE_SECONDS, once=once)
+            run_loop(
+                self.step,
+                self.stop,
+                idle_seconds=settings.SCHEDULER_MATERIALIZE_IDLE_SECONDS,
+                once=once,
+                on_error=self._after_failed_step,
+            )
         finally:
-            self.release_all()
+            try:
+                self.release_all()
+            except DatabaseError:
+                # The database is gone as we stop: the leases expire by themselves and peers take them over.
+                logger.warning("could not release leases on exit", extra={"action": "stop"})
             logger.info("materializer %s stopped; leases released", self.name, extra={"action": "stop"})

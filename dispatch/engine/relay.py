@@ -23,7 +23,7 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from django.conf import settings
 from django.db import connection as django_connection
 
-from dispatch.engine.loop import StopFlag, default_process_name
+from dispatch.engine.loop import Outage, StopFlag, default_process_name
 from dispatch.engine.timer import Claimed, PriorityTimer
 from dispatch.envelopes import message_headers, task_id_for
 from dispatch.queues import ALL_QUEUES
@@ -45,6 +45,10 @@ def database_conninfo() -> str:
         host=params.get("HOST") or None,
         port=str(params["PORT"]) if params.get("PORT") else None,
     )
+
+
+class PublishFailed(Exception):
+    """Envelopes were due and none could be published (broker down, queue deleted, messages returned)."""
 
 
 @dataclass
@@ -79,6 +83,7 @@ class Relay:
         self._db: psycopg.AsyncConnection | None = None
         self._broker: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
+        self._queues_declared = False
 
     # --- connections -------------------------------------------------------------------------------------------
 
@@ -100,11 +105,30 @@ class Relay:
         return row[0] if row is not None else None
 
     async def connect(self) -> None:
-        self._db = await psycopg.AsyncConnection.connect(self.conninfo, application_name=self.name)
-        self._broker = await aio_pika.connect_robust(self.broker_url, client_properties={"connection_name": self.name})
-        self._channel = await self._broker.channel(publisher_confirms=True)
-        self._invalidation_mark = await self._scalar(outbox_sql.INVALIDATION_MARK)
-        await self.db.commit()
+        """Open what is not open (or broken): PostgreSQL, the broker, a confirming channel, the lanes' queues."""
+        if self._db is None or self._db.closed or self._db.broken:
+            if self._db is not None:
+                await self._db.close()
+            self._db = await psycopg.AsyncConnection.connect(self.conninfo, application_name=self.name)
+            self._invalidation_mark = await self._scalar(outbox_sql.INVALIDATION_MARK)
+            await self.db.commit()
+        if self._broker is None:
+            self._broker = await aio_pika.connect_robust(
+                self.broker_url, client_properties={"connection_name": self.name}
+            )
+        if self._channel is None or self._channel.is_closed:
+            # on_return_raises: a message the broker could not route (its queue was deleted) comes back as an error
+            # of its publish, never as a confirmation: the envelope stays unstamped and is published again.
+            self._channel = await self._broker.channel(publisher_confirms=True, on_return_raises=True)
+            self._queues_declared = False
+        if not self._queues_declared:
+            await self.declare_queues()
+            self._queues_declared = True
+            logger.info("relay %s connected; queues declared", self.name, extra={"action": "connect"})
+
+    async def declare_queues(self) -> None:
+        """Declare the lanes' queues (idempotent): also after a failed publish, since a deleted queue is the
+        usual reason a message comes back."""
         for queue in ALL_QUEUES:
             # Plain durable classic queues, declared exactly as the Celery workers declare them.
             await self.channel.declare_queue(queue, durable=True)
@@ -118,10 +142,15 @@ class Relay:
     # --- steps -------------------------------------------------------------------------------------------------
 
     async def step(self) -> bool:
-        """Publish what is due; when nothing is, settle published envelopes. True if anything was done."""
-        if await self.publish_due():
-            return True
-        return await self.settle() > 0
+        """Publish what is due, then settle a bounded batch of published envelopes. True if anything was done.
+
+        Both every step: settling only when nothing was due would starve it under continuous traffic (the
+        outbox would grow and enqueued_at stay empty exactly under load). Raises PublishFailed when envelopes
+        were due and none could be published, so the loop backs off instead of spinning on a dead channel.
+        """
+        claimed = await self.publish_due()
+        settled = await self.settle()
+        return claimed > 0 or settled > 0
 
     async def publish_due(self) -> int:
         """Claim envelopes due within the staging lead, release each at its instant, stamp the confirmed ones.
@@ -147,7 +176,7 @@ class Relay:
             for envelope_id, row in rows.items():
                 release_at = anchor_mono + (row[5] - anchor_db).total_seconds()
                 timer.schedule(envelope_id, release_at, row[2], _published_by_relay)
-            ids, stamps, occurrences = [], [], 0
+            ids, stamps, occurrences, failed = [], [], 0, 0
             while True:
                 due: list[Claimed] = []
                 wait = timer.next()
@@ -163,6 +192,7 @@ class Relay:
                     for claim, result in zip(live, results, strict=True):
                         timer.complete(claim, ok=not isinstance(result, BaseException))
                         if isinstance(result, BaseException):
+                            failed += 1
                             self.stats.failed_publishes += 1
                             logger.warning(
                                 "publish of envelope %s failed: %r",
@@ -180,6 +210,8 @@ class Relay:
                 await asyncio.sleep(wait)
             if ids:
                 await self.db.execute(outbox_sql.MARK_PUBLISHED, {"ids": ids, "published_ats": stamps})
+        if failed and not ids:
+            raise PublishFailed(f"none of {failed} due envelopes could be published")
         self.stats.published_envelopes += len(ids)
         self.stats.published_occurrences += occurrences
         logger.debug("published %d envelopes (%d occurrences)", len(ids), occurrences, extra={"action": "publish"})
@@ -240,26 +272,39 @@ class Relay:
     # --- process -----------------------------------------------------------------------------------------------
 
     async def run_async(self, *, once: bool = False) -> None:
-        await self.connect()
+        """Step until stopped. A failure (PostgreSQL or the broker restarting, a deleted queue, a nacked or
+        returned publish) ends no process: the relay backs off (capped, logged once per outage), reconnects what
+        broke, re-declares its queues and goes on; the unstamped envelopes are simply published again."""
+        outage = Outage()
         logger.info("relay %s started", self.name, extra={"action": "start"})
         try:
             while not self.stop.is_set:
                 try:
-                    if await self.step():
+                    await self.connect()
+                    did_work = await self.step()
+                    outage.succeeded()
+                    if did_work:
                         continue
                     if once:
                         return
-                    await asyncio.sleep(await self.seconds_until_due())
-                except (psycopg.OperationalError, aio_pika.exceptions.AMQPError, ConnectionError) as exc:
+                    await self._nap(await self.seconds_until_due())
+                except Exception as exc:
                     if once:
                         raise
-                    logger.warning("relay step failed (%r); retrying", exc, extra={"action": "step_error"})
-                    await asyncio.sleep(1.0)
-                    if self._db is None or self._db.closed:
-                        self._db = await psycopg.AsyncConnection.connect(self.conninfo, application_name=self.name)
+                    await self._nap(outage.failed(exc))
+                    # Reconnect what broke and declare the queues again before the next try.
+                    self._queues_declared = False
+                    if self._channel is not None and self._channel.is_closed:
+                        self._channel = None
         finally:
             await self.close()
             logger.info("relay %s stopped: %s", self.name, self.stats, extra={"action": "stop"})
+
+    async def _nap(self, seconds: float) -> None:
+        """Sleep in short slices so SIGTERM ends even a long backoff at once."""
+        deadline = time.monotonic() + seconds
+        while not self.stop.is_set and (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, 0.25))
 
     def run(self, *, once: bool = False) -> None:
         self.stop.install()
