@@ -39,3 +39,8 @@ class BackfillRefused(Exception):
 
 class ReconcileInputError(ValueError):
     """A window or instant the reconciler (or backfill) cannot work with; the message is for the operator."""
+
+
+class ShardCountMismatch(Exception):
+    """The configured shard count is lower than the one the database already uses: starting would orphan the
+    schedules on the missing shards, so the materializer refuses to start."""

@@ -21,6 +21,7 @@ from django.db import DatabaseError, connection, transaction
 
 from dispatch.engine.leases import reap_expired_leases
 from dispatch.engine.loop import StopFlag, default_process_name, monotonic, run_loop
+from dispatch.errors import ShardCountMismatch
 from dispatch.models import OccurrenceState
 from dispatch.outbox import Fire, enqueue
 from dispatch.partitions import ensure_partitions
@@ -57,6 +58,19 @@ class Materializer:
         self.stop = StopFlag()
 
     # --- leases ------------------------------------------------------------------------------------------------
+
+    def verify_shard_count(self) -> None:
+        """Refuse to start with fewer shards than the data uses (ARCHITECTURE rule 11): a lowered
+        SCHEDULER_SHARDS would leave every schedule on a shard >= the new count without a lease, never fired."""
+        with connection.cursor() as cursor:
+            cursor.execute(lease_sql.SHARDS_IN_USE)
+            in_use = cursor.fetchone()[0]
+        if in_use > self.shards:
+            raise ShardCountMismatch(
+                f"The database already uses {in_use} shards, but this materializer is configured with "
+                f"SCHEDULER_SHARDS={self.shards}: the schedules on shards {self.shards}..{in_use - 1} would never "
+                f"fire. Set SCHEDULER_SHARDS={in_use} (the shard count can grow, never shrink)."
+            )
 
     def maintain_leases(self) -> None:
         """Heartbeat, renew what we hold, then converge on a fair share: ceil(shards / live materializers)."""
@@ -239,6 +253,7 @@ class Materializer:
 
     def run(self, *, once: bool = False) -> None:
         self.stop.install()
+        self.verify_shard_count()
         logger.info("materializer %s starting", self.name, extra={"action": "start"})
         try:
             run_loop(

@@ -15,6 +15,17 @@ SELECT s, '', 0, NULL FROM generate_series(0, %(shards)s - 1) AS s
 ON CONFLICT (shard) DO NOTHING
 """
 
+# The shard count the data already uses: shards that have lease rows, and the highest shard an active schedule sits
+# on (a backward scan of schedule_due_by_shard, one index probe). A materializer configured with fewer shards
+# would leave the schedules of the others unleased: silently never fired.
+SHARDS_IN_USE = """
+SELECT GREATEST(
+    (SELECT coalesce(max(shard) + 1, 0) FROM dispatch_shardlease),
+    (SELECT coalesce(max(shard) + 1, 0) FROM (
+        SELECT shard FROM schedules_schedule WHERE state = 'active' AND next_run_at IS NOT NULL
+        ORDER BY shard DESC LIMIT 1) AS top))
+"""
+
 # Presence of materializer processes, so a newcomer is counted in the fair share before it holds a shard.
 PROCESS_HEARTBEAT = """
 INSERT INTO dispatch_processheartbeat (name, role, started_at, heartbeat_at)

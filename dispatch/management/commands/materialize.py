@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dispatch.engine.materializer import Materializer
+from dispatch.errors import ShardCountMismatch
 
 
 class Command(BaseCommand):
@@ -17,7 +18,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         if options["batch_size"] is not None and options["batch_size"] < 1:
-            from django.core.management.base import CommandError
-
             raise CommandError("--batch-size must be at least 1")
-        Materializer(options["name"], batch_size=options["batch_size"]).run(once=options["once"])
+        try:
+            Materializer(options["name"], batch_size=options["batch_size"]).run(once=options["once"])
+        except ShardCountMismatch as exc:
+            raise CommandError(str(exc)) from None
