@@ -78,6 +78,6 @@ def decode_content(content: Any) -> list[tuple[uuid.UUID, datetime]]:
             occurrence_id, scheduled_for = pair
             instant = datetime.strptime(scheduled_for, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
             decoded.append((uuid.UUID(occurrence_id), instant))
-        except (TypeError, ValueError) as exc:
+        except (AttributeError, TypeError, ValueError) as exc:  # uuid.UUID(<not text>) raises AttributeError
             raise MalformedEnvelope(f"bad occurrence entry {str(pair)[:100]!r}: {exc}") from None
     return decoded

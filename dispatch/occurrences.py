@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -19,6 +21,7 @@ from dispatch.models import IN_FLIGHT_STATES, UNCLAIMED_STATES, Occurrence, Occu
 from dispatch.outbox import Fire, enqueue
 from dispatch.sql import maintenance as maintenance_sql
 from dispatch.sql import outbox as outbox_sql
+from dispatch.stuck import DEFAULT_STUCK_AFTER_SECONDS, stuck_pages
 from schedules.clock import db_now
 from schedules.models import Schedule, ScheduleState
 
@@ -226,3 +229,48 @@ def replay_one(occurrence_id: uuid.UUID, *, now: datetime | None = None) -> Occu
     except ReplayRefused as exc:
         raise ReplayRefused(f"Occurrence {occurrence_id}: {exc}") from None
     return Occurrence.objects.get(occurrence_id=occurrence_id, scheduled_for=occurrence.scheduled_for)
+
+
+@dataclass(frozen=True)
+class StuckReplay:
+    republished: int
+    by_state: dict[str, int]
+
+
+def replay_stuck(
+    *,
+    older_than_seconds: float = DEFAULT_STUCK_AFTER_SECONDS,
+    since: datetime,
+    tenant_id: int | None = None,
+    now: datetime | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> StuckReplay:
+    """Re-publish every stuck occurrence (dispatch/stuck.py) scheduled since `since`, under its own id.
+
+    Only a new envelope is written, one transaction per page: the state is left as it is, so the worker's claim
+    stays the one authority (a duplicate delivery of something that meanwhile ran is dropped as terminal; a
+    running one with an expired lease is taken over with the next generation; a withdrawn one is canceled).
+    """
+    now = now or db_now()
+    by_state: Counter[str] = Counter()
+    for page in stuck_pages(
+        since=since, until=now, now=now, stuck_after_seconds=older_than_seconds, tenant_id=tenant_id
+    ):
+        fires = [
+            Fire.for_lane(
+                row.occurrence_id,
+                row.scheduled_for,
+                tenant_id=row.tenant_id,
+                lane=row.lane,
+                available_at=now,
+                priority=row.priority,
+            )
+            for row in page
+        ]
+        with transaction.atomic(), connection.cursor() as cursor:
+            enqueue(cursor, fires)
+        by_state.update(row.state for row in page)
+        if progress is not None:
+            progress(len(page))
+        logger.info("re-published %d stuck occurrences", len(page), extra={"action": "replay_stuck"})
+    return StuckReplay(republished=sum(by_state.values()), by_state=dict(sorted(by_state.items())))

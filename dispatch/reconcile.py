@@ -15,6 +15,7 @@ from dispatch.errors import ReconcileInputError
 from dispatch.history import ExpectedFire, VersionSpan, expected_fires, expects, schedule_batches, version_spans
 from dispatch.identity import occurrence_id_for
 from dispatch.sql import maintenance as maintenance_sql
+from dispatch.stuck import DEFAULT_STUCK_AFTER_SECONDS, StuckOccurrence, stuck_pages
 from schedules.clock import db_now
 from schedules.cron_syntax import TimeRuleError
 
@@ -30,8 +31,9 @@ RECONCILE_GRACE_SECONDS = 120
 SCHEDULE_BATCH = 500
 # Expected fires looked up per query: the (occurrence_id, scheduled_for) arrays stay a few hundred kilobytes.
 EXPECTED_CHUNK = 5000
-# Gaps kept with their details; the count is always exact.
+# Gaps (and stuck occurrences) kept with their details; the counts are always exact.
 GAP_SAMPLE_LIMIT = 1000
+STUCK_SAMPLE_LIMIT = 1000
 # Unexpected rows kept with their details (informational) and the sampling work spent finding them.
 UNEXPECTED_SAMPLE_LIMIT = 50
 UNEXPECTED_SAMPLE_PAGE = 1000
@@ -115,6 +117,10 @@ class ReconcileReport:
     unexpected_by_state: Counter[str] = field(default_factory=Counter)
     unexpected_samples: list[UnexpectedRow] = field(default_factory=list)
     unreadable_versions: list[UnreadableVersion] = field(default_factory=list)
+    stuck_after_seconds: float = DEFAULT_STUCK_AFTER_SECONDS
+    stuck: int = 0
+    stuck_by_state: Counter[str] = field(default_factory=Counter)
+    stuck_samples: list[StuckOccurrence] = field(default_factory=list)
 
     @property
     def found(self) -> int:
@@ -126,9 +132,10 @@ class ReconcileReport:
 
     @property
     def ok(self) -> bool:
-        """Every expected fire has a row, whatever its state (succeeded, dead, missed, canceled, ...), and every
-        version could be read: an unreadable one owes unknown fires, which must not pass for "none"."""
-        return self.missing == 0 and not self.unreadable_versions
+        """Every expected fire has a row, whatever its state (succeeded, dead, missed, canceled, ...), every
+        version could be read (an unreadable one owes unknown fires, which must not pass for "none"), and no
+        occurrence is stuck: a row that never runs is not accounted for."""
+        return self.missing == 0 and not self.unreadable_versions and self.stuck == 0
 
     def as_dict(self, gap_limit: int | None = None) -> dict[str, Any]:
         gaps = self.gaps if gap_limit is None else self.gaps[:gap_limit]
@@ -150,6 +157,10 @@ class ReconcileReport:
             "unexpected_by_state": dict(sorted(self.unexpected_by_state.items())),
             "unexpected_samples": [row.as_dict() for row in self.unexpected_samples],
             "unreadable_versions": [version.as_dict() for version in self.unreadable_versions],
+            "stuck_after_seconds": self.stuck_after_seconds,
+            "stuck": self.stuck,
+            "stuck_by_state": dict(sorted(self.stuck_by_state.items())),
+            "stuck_samples": [row.as_dict() for row in self.stuck_samples],
             "ok": self.ok,
         }
 
@@ -166,6 +177,7 @@ def reconcile(
     now: datetime | None = None,
     grace_seconds: float = RECONCILE_GRACE_SECONDS,
     batch_size: int = SCHEDULE_BATCH,
+    stuck_after_seconds: float | None = None,
 ) -> ReconcileReport:
     """Compare the fires owed in [since, until) with the occurrence rows; `now` is PostgreSQL's clock by default.
 
@@ -174,6 +186,8 @@ def reconcile(
        (snapshot + time rules) and look their (occurrence_id, scheduled_for) up in chunks: found by state, or a gap.
     3. Count every non-manual row of those schedules in the window; rows beyond the matched ones are unexpected
        (e.g. a fire materialized one horizon ahead and canceled by the next version): informational only.
+    4. List the occurrences of the window that are stuck (dispatch/stuck.py): a row that never runs fails the
+       run as a gap does.
     """
     if since.utcoffset() is None or until.utcoffset() is None:
         raise ReconcileInputError("since and until must carry an offset.")
@@ -181,7 +195,14 @@ def reconcile(
         raise ReconcileInputError(f"since ({_iso(since)}) must be before until ({_iso(until)}).")
     now = now or db_now()
     checked_until = min(until, now - timedelta(seconds=grace_seconds))
-    report = ReconcileReport(since=since, until=until, checked_until=checked_until, tenant_id=tenant_id)
+    report = ReconcileReport(
+        since=since,
+        until=until,
+        checked_until=checked_until,
+        tenant_id=tenant_id,
+        stuck_after_seconds=DEFAULT_STUCK_AFTER_SECONDS if stuck_after_seconds is None else stuck_after_seconds,
+    )
+    _find_stuck(report, since, until, now)
     if checked_until <= since:
         logger.info("reconcile window lies within the grace period; nothing to check", extra={"action": "reconcile"})
         return report
@@ -201,6 +222,23 @@ def reconcile(
         extra={"action": "reconcile"},
     )
     return report
+
+
+def _find_stuck(report: ReconcileReport, since: datetime, until: datetime, now: datetime) -> None:
+    for page in stuck_pages(
+        since=since, until=until, now=now, stuck_after_seconds=report.stuck_after_seconds, tenant_id=report.tenant_id
+    ):
+        report.stuck += len(page)
+        for row in page:
+            report.stuck_by_state[row.state] += 1
+        report.stuck_samples.extend(page[: max(0, STUCK_SAMPLE_LIMIT - len(report.stuck_samples))])
+    if report.stuck:
+        logger.warning(
+            "%d occurrences stuck for more than %.0fs",
+            report.stuck,
+            report.stuck_after_seconds,
+            extra={"action": "reconcile_stuck"},
+        )
 
 
 def _reconcile_batch(report: ReconcileReport, schedule_ids: list[uuid.UUID], since: datetime, until: datetime) -> None:

@@ -1,17 +1,28 @@
-"""Shared fixtures: two tenant personas (acme and globex) with API clients bound to their own hosts."""
+"""Shared fixtures: two tenant personas (acme and globex) with API clients bound to their own hosts, and factories
+for the rows tests build below the API (schedules through the services, occurrences written directly)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
 
 import pytest
 from django.conf import settings
 from django.db import connection
 from rest_framework.test import APIClient
 
+from dispatch.identity import occurrence_id_for
+from dispatch.models import Occurrence, OccurrenceState
+from schedules.models import Schedule
+from schedules.services import create_schedule
 from tenants.models import Domain, Tenant
 from tenants.services import Provisioned, provision_tenant
 
 TENANT_A = ("acme", "acme.localhost")
 TENANT_B = ("globex", "globex.localhost")
+# The fixtures that make pytest-django set up the test database (as a django_db mark does).
+DATABASE_FIXTURES = {"db", "transactional_db", "live_server"}
 
 
 def ensure_platform_rows() -> dict[str, Provisioned]:
@@ -33,9 +44,21 @@ def ensure_platform_rows() -> dict[str, Provisioned]:
     return provisioned
 
 
+def _uses_the_database(item: pytest.Item) -> bool:
+    """Whether pytest-django sets up the test database for this test: a django_db mark or a database fixture."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    return item.get_closest_marker("django_db") is not None or bool(fixtures & DATABASE_FIXTURES)
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _tenant_schemas(django_db_setup, django_db_blocker) -> None:
-    """Create the personas' schemas once per test database: schema creation is the slow part."""
+def _tenant_schemas(request, django_db_setup, django_db_blocker) -> None:
+    """Create the personas' schemas once per test database: schema creation is the slow part.
+
+    A session without any database test (say `pytest tests/unit`) has no test database, and writes nothing: the
+    rows would otherwise go to the database DATABASE_URL names.
+    """
+    if not any(_uses_the_database(item) for item in request.session.items):
+        return
     with django_db_blocker.unblock():
         ensure_platform_rows()
 
@@ -53,6 +76,12 @@ def tenant_a(tenants) -> Provisioned:
 @pytest.fixture
 def tenant_b(tenants) -> Provisioned:
     return tenants[TENANT_B[0]]
+
+
+@pytest.fixture
+def tenant(tenant_a) -> Tenant:
+    """The acme persona's Tenant row, for tests that call the services below the API."""
+    return tenant_a.tenant
 
 
 def api_client_for(provisioned: Provisioned, token: str | None = None) -> APIClient:
@@ -87,3 +116,61 @@ def cron_body() -> dict:
         "timezone": "America/New_York",
         "handler": "noop",
     }
+
+
+# --- factories ------------------------------------------------------------------------------------------------
+
+
+def schedule_for(tenant: Tenant, *, now: datetime | None = None, actor: str = "test", **fields: Any) -> Schedule:
+    """A schedule of `tenant` created through schedules.services.create_schedule (every check, the version row and
+    the first cursor, as the API would), at `now` (the database clock when None) by `actor`.
+
+    Defaults: a cron schedule named "job" firing every minute with the "noop" handler; `fields` override them. A
+    schedule of kind "once" gets no default cron (give it `run_at`).
+    """
+    data = {"name": "job", "kind": "cron", "handler": "noop", **fields}
+    if data["kind"] == "cron":
+        data.setdefault("cron", "* * * * *")
+    schedule, _ = create_schedule(tenant=tenant, data=data, actor=actor, now=now)
+    return schedule
+
+
+def occurrence_for(
+    schedule: Schedule,
+    *,
+    at: datetime,
+    version: int | None = None,
+    state: str = OccurrenceState.SCHEDULED,
+    **fields: Any,
+) -> Occurrence:
+    """An occurrence of `schedule` due at `at`, with its deterministic id, written directly (no materializer).
+
+    It takes the schedule's tenant, current version, lane and priority and is available at `at`; `version`,
+    `state` and any other column given in `fields` (available_at, lane, enqueued_at, ...) override those.
+    """
+    version = schedule.version if version is None else version
+    row = {
+        "occurrence_id": occurrence_id_for(schedule.id, version, at),
+        "schedule": schedule,
+        "tenant_id": schedule.tenant_id,
+        "schedule_version": version,
+        "scheduled_for": at,
+        "available_at": at,
+        "lane": schedule.lane,
+        "priority": schedule.priority,
+        "state": state,
+    }
+    return Occurrence.objects.create(**{**row, **fields})
+
+
+@pytest.fixture
+def make_schedule() -> Callable[..., Schedule]:
+    """Factory: `make_schedule(tenant, now=None, actor="test", **fields)`; see `schedule_for` for the defaults."""
+    return schedule_for
+
+
+@pytest.fixture
+def make_occurrence() -> Callable[..., Occurrence]:
+    """Factory: `make_occurrence(schedule, at=..., version=None, state="scheduled", **fields)`; see
+    `occurrence_for`."""
+    return occurrence_for

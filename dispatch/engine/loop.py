@@ -65,7 +65,8 @@ class Outage:
             )
         else:
             logger.debug("step failed again (%d in a row): %r", self.failures, exc, extra={"action": "step_error"})
-        return min(self.max_backoff, self.first_backoff * 2 ** (self.failures - 1))
+        # The exponent is bounded so a days-long outage cannot overflow the float before the cap applies.
+        return min(self.max_backoff, self.first_backoff * 2 ** min(self.failures - 1, 32))
 
     def succeeded(self) -> None:
         if self.failures:

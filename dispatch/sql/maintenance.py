@@ -157,3 +157,24 @@ DROP_PARTITION = 'DROP TABLE IF EXISTS "public"."{partition}"'
 # Rows of days older than the retention that sat in DEFAULT (no partition existed for their day when written).
 DELETE_DEFAULT_BEFORE = 'DELETE FROM "public"."{parent}_default" WHERE scheduled_for < %s'
 COUNT_DEFAULT_BEFORE = 'SELECT count(*) FROM "public"."{parent}_default" WHERE scheduled_for < %s'
+
+
+# --- stuck occurrences (dispatch/stuck.py) -------------------------------------------------------------------------
+
+# "Stuck" (API.md, Commands): still scheduled or enqueued S seconds after its release instant, running with a lease
+# that expired S seconds ago, or in retry_wait S seconds past its retry time. The scheduled_for range bounds the
+# scan to the window's day partitions (BRIN occurrence_scheduled_brin); scheduled_for <= available_at always, so
+# nothing stuck lies after the cutoff. Keyset pagination on (scheduled_for, occurrence_id) keeps pages cheap.
+FIND_STUCK = """
+SELECT o.occurrence_id, o.scheduled_for, o.state, o.tenant_id, o.schedule_id, o.lane, o.priority,
+       EXTRACT(EPOCH FROM %(now)s::timestamptz
+                          - CASE WHEN o.state = 'running' THEN o.lease_expires_at ELSE o.available_at END)
+FROM dispatch_occurrence AS o
+WHERE o.scheduled_for >= %(since)s AND o.scheduled_for < %(until)s
+  AND (o.scheduled_for, o.occurrence_id) > (%(after_for)s::timestamptz, %(after_id)s::uuid)
+  AND (%(tenant_id)s::bigint IS NULL OR o.tenant_id = %(tenant_id)s::bigint)
+  AND ((o.state IN ('scheduled', 'enqueued', 'retry_wait') AND o.available_at < %(cutoff)s)
+       OR (o.state = 'running' AND o.lease_expires_at < %(cutoff)s))
+ORDER BY o.scheduled_for, o.occurrence_id
+LIMIT %(limit)s
+"""

@@ -26,23 +26,3 @@ def run_materializer(materializer: Materializer, *instants: datetime) -> None:
     for now in instants:
         while materializer.step(now=now):
             pass
-
-
-def occurrence_row(schedule, *, at: datetime, version: int | None = None, state: str = "scheduled", **fields):
-    """An occurrence of `schedule` at `at` with its deterministic id, written directly (no materializer)."""
-    from dispatch.identity import occurrence_id_for
-    from dispatch.models import Occurrence
-
-    version = schedule.version if version is None else version
-    return Occurrence.objects.create(
-        occurrence_id=occurrence_id_for(schedule.id, version, at),
-        schedule=schedule,
-        tenant_id=schedule.tenant_id,
-        schedule_version=version,
-        scheduled_for=at,
-        available_at=at,
-        lane=schedule.lane,
-        priority=schedule.priority,
-        state=state,
-        **fields,
-    )

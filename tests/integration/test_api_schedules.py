@@ -11,7 +11,6 @@ from rest_framework.pagination import PageNumberPagination
 
 from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
 from schedules.models import Schedule, ScheduleVersion
-from tests.integration.support import occurrence_row
 
 SCHEDULES = "/api/v1/schedules/"
 SCHEDULE_KEYS = {
@@ -74,8 +73,14 @@ def outbox_rows_of(occurrence_id):
     return OutboxMessage.objects.filter(occurrence_ids__contains=[occurrence_id])
 
 
-def add_occurrence(schedule_id: str, *, version: int, at: datetime, state: str = OccurrenceState.SCHEDULED):
-    return occurrence_row(Schedule.objects.get(pk=schedule_id), version=version, at=at, state=state)
+@pytest.fixture
+def add_occurrence(make_occurrence):
+    """`make_occurrence` for a schedule the API answered with, found by its id."""
+
+    def add(schedule_id: str, *, version: int, at: datetime, state: str = OccurrenceState.SCHEDULED) -> Occurrence:
+        return make_occurrence(Schedule.objects.get(pk=schedule_id), version=version, at=at, state=state)
+
+    return add
 
 
 # --- create ---------------------------------------------------------------------------------------------
@@ -330,7 +335,7 @@ def test_patch_of_the_timezone_moves_next_run_at(api_a, cron_body):
     assert (local.hour, local.minute) == (2, 30)
 
 
-def test_patch_cancels_unclaimed_occurrences_of_older_versions(api_a, cron_body):
+def test_patch_cancels_unclaimed_occurrences_of_older_versions(api_a, cron_body, add_occurrence):
     created = create(api_a, cron_body)
     at = datetime.now(UTC) + timedelta(seconds=30)
     waiting = add_occurrence(created["id"], version=1, at=at)
@@ -439,7 +444,7 @@ def test_delete_cancels_like_cancel_and_keeps_the_row(api_a, cron_body):
     assert api_a.get(url(created)).json()["state"] == "canceled"
 
 
-def test_cancel_reports_a_running_occurrence_in_flight_and_cancels_a_waiting_one(api_a, cron_body):
+def test_cancel_reports_a_running_occurrence_in_flight_and_cancels_a_waiting_one(api_a, cron_body, add_occurrence):
     created = create(api_a, cron_body)
     now = datetime.now(UTC)
     running = add_occurrence(created["id"], version=1, at=now - timedelta(minutes=1), state=OccurrenceState.RUNNING)
@@ -618,7 +623,7 @@ def test_trigger_of_a_canceled_schedule_is_a_conflict(api_a, cron_body):
     assert not Occurrence.objects.filter(schedule_id=created["id"]).exists()
 
 
-def test_occurrences_of_a_schedule_are_paginated_newest_first(api_a, cron_body):
+def test_occurrences_of_a_schedule_are_paginated_newest_first(api_a, cron_body, add_occurrence):
     created = create(api_a, cron_body)
     now = datetime.now(UTC)
     older = add_occurrence(created["id"], version=1, at=now - timedelta(hours=2), state=OccurrenceState.SUCCEEDED)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import uuid
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -13,6 +15,7 @@ from django.db import connection
 
 from dispatch import backfill as backfill_module
 from dispatch import partitions
+from dispatch import reconcile as reconcile_module
 from dispatch.engine.materializer import Materializer
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OccurrenceState, OutboxMessage
@@ -28,16 +31,26 @@ LATER = datetime(2026, 8, 1, tzinfo=UTC)
 WINDOW = ("--since", "2026-06-01T12:00:00Z", "--until", "2026-06-01T18:00:00Z")
 
 
+@pytest.fixture(autouse=True)
+def _gaps_only(monkeypatch):
+    """These histories were materialized and never run by a worker: every row would be stuck. The tests here are
+    about gaps; stuck occurrences have tests of their own (test_stuck.py)."""
+    monkeypatch.setattr(reconcile_module, "DEFAULT_STUCK_AFTER_SECONDS", 10**9)
+
+
 @pytest.fixture
 def materializer(tenant_a) -> Materializer:
     return materializer_holding_every_shard("test-backfill")
 
 
-def create(tenant, now: datetime, **data) -> Schedule:
-    schedule, _ = services.create_schedule(
-        tenant=tenant, data={"name": "job", "handler": "noop", **data}, actor=ACTOR, now=now
-    )
-    return schedule
+@pytest.fixture
+def create(make_schedule) -> Callable[..., Schedule]:
+    """The shared factory as this module calls it: `create(tenant, now, **fields)`, made by ACTOR at `now`."""
+
+    def create(tenant, now: datetime, **fields: Any) -> Schedule:
+        return make_schedule(tenant, now=now, actor=ACTOR, **fields)
+
+    return create
 
 
 def command(name: str, *args: str) -> str:
@@ -54,7 +67,7 @@ def in_outbox(occurrence_id: uuid.UUID) -> bool:
 
 
 @pytest.fixture
-def hourly_with_holes(tenant_a, materializer) -> tuple[Schedule, list[uuid.UUID]]:
+def hourly_with_holes(tenant_a, materializer, create) -> tuple[Schedule, list[uuid.UUID]]:
     """An hourly schedule materialized 13:00-17:00, then three of its five rows lost."""
     schedule = create(tenant_a.tenant, T0, kind="cron", cron="0 * * * *")
     run_materializer(materializer, *(T0 + timedelta(hours=n) for n in range(1, 7)))
@@ -112,7 +125,7 @@ def test_reconcile_after_backfill_reports_no_gaps_and_exits_zero(hourly_with_hol
     assert "OK: every expected occurrence is accounted for." in command("reconcile", *WINDOW, "--tenant", "acme")
 
 
-def test_backfill_uses_the_version_that_was_valid_at_each_fire(tenant_a, materializer):
+def test_backfill_uses_the_version_that_was_valid_at_each_fire(tenant_a, materializer, create):
     """v1's 14:00-16:00 rows are lost (deleted) after an update moved the schedule to v2; backfill writes them
     again as v1 fires with their v1 ids."""
     schedule = create(tenant_a.tenant, T0, kind="cron", cron="0 * * * *")
@@ -135,7 +148,7 @@ def test_backfill_uses_the_version_that_was_valid_at_each_fire(tenant_a, materia
     assert all(o.forced for o in rows)
 
 
-def test_backfill_creates_the_day_partitions_of_an_old_range(tenant_a):
+def test_backfill_creates_the_day_partitions_of_an_old_range(tenant_a, create):
     schedule = create(tenant_a.tenant, datetime(2026, 1, 1, tzinfo=UTC), kind="cron", cron="0 */6 * * *")
     for table in partitions.PARTITIONED_TABLES:  # a partition seen (and rolled back) by an earlier test
         partitions._known.discard((table, date(2026, 1, 10)))
@@ -149,7 +162,7 @@ def test_backfill_creates_the_day_partitions_of_an_old_range(tenant_a):
         assert cursor.fetchone()[0] == 4
 
 
-def test_backfill_refuses_a_range_that_reaches_into_the_future(tenant_a):
+def test_backfill_refuses_a_range_that_reaches_into_the_future(tenant_a, create):
     schedule = create(tenant_a.tenant, T0, kind="cron", cron="0 * * * *")
     until = (db_now() + timedelta(hours=1)).isoformat()
 
@@ -158,7 +171,7 @@ def test_backfill_refuses_a_range_that_reaches_into_the_future(tenant_a):
     assert not Occurrence.objects.filter(schedule=schedule).exists()
 
 
-def test_backfill_refuses_a_canceled_schedule_and_says_why(tenant_a):
+def test_backfill_refuses_a_canceled_schedule_and_says_why(tenant_a, create):
     schedule = create(tenant_a.tenant, T0, kind="cron", cron="0 * * * *")
     services.cancel_schedule(schedule, actor=ACTOR, now=T0 + timedelta(hours=3))
 
@@ -175,7 +188,7 @@ def test_backfill_refuses_an_unknown_or_malformed_schedule_id(tenant_a, schedule
         command("backfill", schedule_id, *WINDOW)
 
 
-def test_backfill_refuses_bad_instants(tenant_a):
+def test_backfill_refuses_bad_instants(tenant_a, create):
     schedule = create(tenant_a.tenant, T0, kind="cron", cron="0 * * * *")
     with pytest.raises(CommandError, match="has no offset"):
         command("backfill", str(schedule.id), "--since", "2026-06-01T12:00:00", "--until", "2026-06-01T18:00:00Z")
@@ -183,7 +196,7 @@ def test_backfill_refuses_bad_instants(tenant_a):
         command("backfill", str(schedule.id), "--since", "2026-06-01T18:00:00Z", "--until", "2026-06-01T12:00:00Z")
 
 
-def test_backfill_over_the_cap_says_how_many_and_where_to_cut(tenant_a, monkeypatch):
+def test_backfill_over_the_cap_says_how_many_and_where_to_cut(tenant_a, monkeypatch, create):
     monkeypatch.setattr(backfill_module, "MAX_BACKFILL_FIRES", 100)
     schedule = create(tenant_a.tenant, T0, kind="cron", cron="* * * * *")
 
@@ -209,7 +222,7 @@ def kill(schedule: Schedule, *hours: int) -> list[uuid.UUID]:
 
 
 @pytest.fixture
-def dead_in_two_tenants(tenant_a, tenant_b, materializer) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+def dead_in_two_tenants(tenant_a, tenant_b, materializer, create) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
     acme = create(tenant_a.tenant, T0, kind="cron", cron="0 * * * *")
     globex = create(tenant_b.tenant, T0, kind="cron", cron="0 * * * *")
     run_materializer(materializer, *(T0 + timedelta(hours=n) for n in range(1, 4)))
@@ -234,7 +247,7 @@ def test_replay_dead_reenqueues_with_the_same_ids_and_forced(dead_in_two_tenants
     assert "Replayed 0 dead occurrences." in command("replay", "--dead")
 
 
-def test_replay_dead_leaves_occurrences_of_canceled_schedules_and_says_so(tenant_a, materializer):
+def test_replay_dead_leaves_occurrences_of_canceled_schedules_and_says_so(tenant_a, materializer, create):
     schedule = create(tenant_a.tenant, T0, kind="cron", cron="0 * * * *")
     run_materializer(materializer, T0 + timedelta(hours=1))
     [dead] = kill(schedule, 1)
@@ -258,7 +271,7 @@ def test_replay_of_one_dead_occurrence_keeps_its_id(dead_in_two_tenants):
     assert in_outbox(first)
 
 
-def test_replay_of_an_occurrence_that_is_not_dead_fails_with_exit_code_one(tenant_a, materializer):
+def test_replay_of_an_occurrence_that_is_not_dead_fails_with_exit_code_one(tenant_a, materializer, create):
     schedule = create(tenant_a.tenant, T0, kind="cron", cron="0 * * * *")
     run_materializer(materializer, T0 + timedelta(hours=1))
     occurrence_id = occurrence_id_for(schedule.id, 1, T0 + timedelta(hours=1))
@@ -268,7 +281,7 @@ def test_replay_of_an_occurrence_that_is_not_dead_fails_with_exit_code_one(tenan
     assert refused.value.returncode == 1
 
 
-def test_replay_of_a_dead_occurrence_of_a_canceled_schedule_is_refused(tenant_a, materializer):
+def test_replay_of_a_dead_occurrence_of_a_canceled_schedule_is_refused(tenant_a, materializer, create):
     schedule = create(tenant_a.tenant, T0, kind="cron", cron="0 * * * *")
     run_materializer(materializer, T0 + timedelta(hours=1))
     [dead] = kill(schedule, 1)
@@ -283,8 +296,8 @@ def test_replay_of_a_dead_occurrence_of_a_canceled_schedule_is_refused(tenant_a,
     [
         ((str(uuid.UUID(int=9)),), "No occurrence with id"),
         (("nope",), "is not an occurrence id"),
-        ((), "exactly one of --dead or an occurrence id"),
-        ((str(uuid.UUID(int=9)), "--dead"), "exactly one of --dead or an occurrence id"),
+        ((), "exactly one of --dead, --stuck or an occurrence id"),
+        ((str(uuid.UUID(int=9)), "--dead"), "exactly one of --dead, --stuck or an occurrence id"),
         (("--dead", "--tenant", "nope"), "Unknown tenant"),
     ],
 )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,15 +13,15 @@ from django.db import connection, connections
 from dispatch.engine.materializer import Materializer
 from dispatch.models import Occurrence, OutboxMessage, ProcessHeartbeat, ShardLease
 from schedules.models import Schedule
-from schedules.services import create_schedule, update_schedule
+from schedules.services import update_schedule
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
-def make_schedule(tenant, *, now: datetime, **overrides) -> Schedule:
-    body = {"name": "every-minute", "kind": "cron", "cron": "* * * * *", "handler": "noop", **overrides}
-    schedule, _ = create_schedule(tenant=tenant, data=body, actor="test", now=now)
-    return schedule
+@pytest.fixture
+def make_schedule(make_schedule) -> Callable[..., Schedule]:
+    """The shared factory; this module's schedules are named "every-minute" unless a test names them."""
+    return functools.partial(make_schedule, name="every-minute")
 
 
 def materializer(name: str = "m1", **kwargs) -> Materializer:
@@ -28,7 +30,7 @@ def materializer(name: str = "m1", **kwargs) -> Materializer:
     return m
 
 
-def test_a_batch_writes_occurrences_envelopes_and_advances_the_cursor(tenant_a):
+def test_a_batch_writes_occurrences_envelopes_and_advances_the_cursor(tenant_a, make_schedule):
     schedule = make_schedule(tenant_a.tenant, now=T0 - timedelta(seconds=30))
     m = materializer()
     assert m.step(now=T0) is True
@@ -42,7 +44,7 @@ def test_a_batch_writes_occurrences_envelopes_and_advances_the_cursor(tenant_a):
     assert m.step(now=T0) is False, "nothing more is due within the horizon"
 
 
-def test_running_the_same_instant_twice_creates_nothing_new(tenant_a):
+def test_running_the_same_instant_twice_creates_nothing_new(tenant_a, make_schedule):
     schedule = make_schedule(tenant_a.tenant, now=T0 - timedelta(seconds=30))
     m = materializer()
     m.step(now=T0)
@@ -53,7 +55,7 @@ def test_running_the_same_instant_twice_creates_nothing_new(tenant_a):
     assert sum(len(e.occurrence_ids) for e in OutboxMessage.objects.all()) == 3
 
 
-def test_a_one_off_is_completed_once_its_fire_is_materialized(tenant_a):
+def test_a_one_off_is_completed_once_its_fire_is_materialized(tenant_a, make_schedule):
     run_at = T0 + timedelta(seconds=45)
     schedule = make_schedule(tenant_a.tenant, now=T0 - timedelta(minutes=5), kind="once", cron=None, run_at=run_at)
     materializer().step(now=T0)
@@ -62,7 +64,7 @@ def test_a_one_off_is_completed_once_its_fire_is_materialized(tenant_a):
     assert list(Occurrence.objects.filter(schedule=schedule).values_list("scheduled_for", flat=True)) == [run_at]
 
 
-def test_a_materializer_whose_lease_was_taken_over_writes_nothing(tenant_a):
+def test_a_materializer_whose_lease_was_taken_over_writes_nothing(tenant_a, make_schedule):
     make_schedule(tenant_a.tenant, now=T0 - timedelta(seconds=30))
     old = materializer("old")
     # The old node stalls past its lease; a new node takes every shard (generation + 1).
@@ -75,7 +77,7 @@ def test_a_materializer_whose_lease_was_taken_over_writes_nothing(tenant_a):
     assert new.materialize_batch(T0) == 1
 
 
-def test_an_update_moves_future_fires_to_the_new_version_and_cancels_unclaimed_old_ones(tenant_a):
+def test_an_update_moves_future_fires_to_the_new_version_and_cancels_unclaimed_old_ones(tenant_a, make_schedule):
     schedule = make_schedule(tenant_a.tenant, now=T0 - timedelta(seconds=30))
     m = materializer()
     m.step(now=T0)
@@ -88,7 +90,7 @@ def test_an_update_moves_future_fires_to_the_new_version_and_cancels_unclaimed_o
     assert schedule.next_run_at in (T0 + timedelta(minutes=5), T0 + timedelta(minutes=10))
 
 
-def test_new_york_nightly_cron_skips_the_missing_hour_on_spring_forward_day(tenant_a):
+def test_new_york_nightly_cron_skips_the_missing_hour_on_spring_forward_day(tenant_a, make_schedule):
     start = datetime(2026, 3, 6, 12, 0, tzinfo=UTC)
     schedule = make_schedule(tenant_a.tenant, now=start, cron="30 2 * * *", timezone="America/New_York")
     m = Materializer("dst", horizon_seconds=4 * 24 * 3600, lease_seconds=30)
@@ -116,7 +118,7 @@ def test_two_materializers_share_shards_fairly(tenant_a):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_materializers_racing_never_produce_two_occurrences_of_a_fire(tenant_a):
+def test_two_materializers_racing_never_produce_two_occurrences_of_a_fire(tenant_a, make_schedule):
     schedules = [make_schedule(tenant_a.tenant, now=T0 - timedelta(seconds=30), name=f"s{n}") for n in range(60)]
     errors: list[BaseException] = []
 

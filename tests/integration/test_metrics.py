@@ -8,11 +8,9 @@ from django.db import connection
 from django.test import Client
 
 from dispatch.identity import occurrence_id_for
-from dispatch.models import Occurrence
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
 from schedules.clock import db_now
-from schedules.services import create_schedule
 
 
 def scrape() -> dict[str, float]:
@@ -26,22 +24,12 @@ def scrape() -> dict[str, float]:
     return values
 
 
-def test_metrics_report_outbox_depth_dlq_size_and_recent_lag(tenant_a):
+def test_metrics_report_outbox_depth_dlq_size_and_recent_lag(tenant_a, make_schedule, make_occurrence):
     now = db_now()
-    schedule, _ = create_schedule(
-        tenant=tenant_a.tenant, data={"name": "m", "kind": "cron", "cron": "* * * * *", "handler": "noop"}, actor="t"
-    )
+    schedule = make_schedule(tenant_a.tenant, name="m", actor="t")
     at = now - timedelta(seconds=30)
-    dead = Occurrence.objects.create(
-        occurrence_id=occurrence_id_for(schedule.id, 1, at),
-        schedule=schedule,
-        tenant=tenant_a.tenant,
-        schedule_version=1,
-        scheduled_for=at,
-        available_at=at,
-        lane="strict",
-        state="dead",
-        enqueued_at=at + timedelta(seconds=2),
+    dead = make_occurrence(
+        schedule, at=at, version=1, lane="strict", state="dead", enqueued_at=at + timedelta(seconds=2)
     )
     later = now + timedelta(minutes=5)
     with connection.cursor() as cursor:

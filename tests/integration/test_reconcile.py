@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import json
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -29,6 +31,13 @@ LATER = datetime(2026, 8, 1, tzinfo=UTC)
 NEW_YORK = ZoneInfo("America/New_York")
 
 
+@pytest.fixture(autouse=True)
+def _gaps_only(monkeypatch):
+    """These histories were materialized and never run by a worker: every row would be stuck. The tests here are
+    about gaps; stuck occurrences have tests of their own (test_stuck.py)."""
+    monkeypatch.setattr(reconcile_module, "DEFAULT_STUCK_AFTER_SECONDS", 10**9)
+
+
 @pytest.fixture
 def materializer(tenant_a) -> Materializer:
     return materializer_holding_every_shard("test-reconcile")
@@ -42,10 +51,14 @@ def every(start: datetime, end: datetime, step: timedelta) -> list[datetime]:
     return instants
 
 
-def create(tenant, now: datetime, **data) -> Schedule:
-    body = {"name": "job", "handler": "noop", **data}
-    schedule, _ = services.create_schedule(tenant=tenant, data=body, actor=ACTOR, now=now)
-    return schedule
+@pytest.fixture
+def create(make_schedule) -> Callable[..., Schedule]:
+    """The shared factory as this module calls it: `create(tenant, now, **fields)`, made by ACTOR at `now`."""
+
+    def create(tenant, now: datetime, **fields: Any) -> Schedule:
+        return make_schedule(tenant, now=now, actor=ACTOR, **fields)
+
+    return create
 
 
 def rows_in(schedules: list[Schedule], since: datetime, until: datetime):
@@ -67,7 +80,7 @@ def run_command(*args: str) -> tuple[int, str]:
 
 
 @pytest.fixture
-def clean_history(tenant_a, materializer) -> list[Schedule]:
+def clean_history(tenant_a, materializer, create) -> list[Schedule]:
     """Three rhythms materialized every 30 minutes for six hours: on-time fires, late ones (missed), a one-off."""
     tenant = tenant_a.tenant
     schedules = [
@@ -160,7 +173,7 @@ def test_small_batches_and_chunks_give_the_same_report(tenant_a, clean_history, 
     assert pieces.gaps == whole.gaps
 
 
-def test_fires_younger_than_the_grace_period_are_not_gaps(tenant_a):
+def test_fires_younger_than_the_grace_period_are_not_gaps(tenant_a, create):
     now = T0 + timedelta(hours=2)
     create(tenant_a.tenant, T0, kind="cron", cron="* * * * *")  # nothing materialized at all
 
@@ -171,7 +184,7 @@ def test_fires_younger_than_the_grace_period_are_not_gaps(tenant_a):
     assert report.expected == report.missing == 8
 
 
-def test_other_tenants_are_left_out_when_a_tenant_is_given(tenant_a, tenant_b):
+def test_other_tenants_are_left_out_when_a_tenant_is_given(tenant_a, tenant_b, create):
     create(tenant_b.tenant, T0, kind="cron", cron="0 * * * *")  # never materialized: globex is all gaps
 
     acme = reconcile(since=T0, until=T0 + timedelta(hours=3), tenant_id=tenant_a.tenant.id, now=LATER)
@@ -186,7 +199,7 @@ def test_other_tenants_are_left_out_when_a_tenant_is_given(tenant_a, tenant_b):
 # --- versions ---------------------------------------------------------------------------------------------------
 
 
-def test_update_pause_and_resume_are_reconciled_without_false_gaps(tenant_a, materializer):
+def test_update_pause_and_resume_are_reconciled_without_false_gaps(tenant_a, materializer, create):
     """v1 hourly at :00, v2 at :15 from 14:59, paused 16:30-18:40 (v3), resumed (v4) at 18:40."""
     tenant = tenant_a.tenant
     schedule = create(tenant, T0, kind="cron", cron="0 * * * *")
@@ -224,7 +237,7 @@ def test_update_pause_and_resume_are_reconciled_without_false_gaps(tenant_a, mat
     assert (row.version, row.scheduled_for, row.state) == (1, T0 + timedelta(hours=3), OccurrenceState.CANCELED)
 
 
-def test_an_update_during_a_materializer_outage_records_the_owed_fires_as_missed(tenant_a, materializer):
+def test_an_update_during_a_materializer_outage_records_the_owed_fires_as_missed(tenant_a, materializer, create):
     """The materializer is down from 13:30; the update at 16:30 moves the cursor to v2. The fires v1 still owed
     (14:00-16:00) get `missed` rows before the cursor moves, so nothing is silently omitted."""
     schedule = create(tenant_a.tenant, T0, kind="cron", cron="0 * * * *")
@@ -239,7 +252,7 @@ def test_an_update_during_a_materializer_outage_records_the_owed_fires_as_missed
     assert {T0 + timedelta(hours=n) for n in (2, 3, 4)} <= set(owed.values_list("scheduled_for", flat=True))
 
 
-def test_one_off_versions_owe_their_run_at_only_where_they_could_still_reach_it(tenant_a, materializer):
+def test_one_off_versions_owe_their_run_at_only_where_they_could_still_reach_it(tenant_a, materializer, create):
     tenant = tenant_a.tenant
     past = create(tenant, T0, kind="once", run_at=T0 - timedelta(hours=1))  # past at creation: still owed
     moved = create(tenant, T0, kind="once", run_at=T0 + timedelta(hours=2))
@@ -257,7 +270,7 @@ def test_one_off_versions_owe_their_run_at_only_where_they_could_still_reach_it(
 # --- time rules -------------------------------------------------------------------------------------------------
 
 
-def test_new_york_0230_expects_no_fire_on_the_spring_forward_day(tenant_a, materializer):
+def test_new_york_0230_expects_no_fire_on_the_spring_forward_day(tenant_a, materializer, create):
     schedule = create(tenant_a.tenant, datetime(2026, 2, 20, tzinfo=UTC), kind="cron", cron="30 2 * * *",
                       timezone="America/New_York")  # fmt: skip
     since, until = datetime(2026, 3, 1, 5, tzinfo=UTC), datetime(2026, 4, 1, 4, tzinfo=UTC)  # local March
@@ -317,7 +330,7 @@ def test_reconcile_command_refuses_bad_input_with_a_clear_message(tenant_a, args
         call_command("reconcile", *args, stdout=io.StringIO())
 
 
-def test_an_unreadable_version_fails_the_run_without_hiding_other_gaps(tenant_a):
+def test_an_unreadable_version_fails_the_run_without_hiding_other_gaps(tenant_a, create):
     broken = create(tenant_a.tenant, T0, kind="cron", cron="0 * * * *")
     healthy = create(tenant_a.tenant, T0, kind="cron", cron="30 * * * *")  # never materialized: gaps
     version = ScheduleVersion.objects.get(schedule=broken)

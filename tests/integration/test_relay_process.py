@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from dispatch.models import Occurrence, OutboxMessage
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
 from schedules.clock import db_now
-from schedules.services import create_schedule
+from tenants.models import Tenant
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -60,29 +61,33 @@ def drain_queue(queue: str) -> list[dict]:
     return found
 
 
-def seed_envelopes(tenant, count: int) -> set[str]:
-    now = db_now()
-    schedule, _ = create_schedule(
-        tenant=tenant, data={"name": "relay", "kind": "cron", "cron": "* * * * *", "handler": "noop"}, actor="test"
-    )
-    instants = [now - timedelta(seconds=1, milliseconds=n) for n in range(count)]
-    rows = [
-        Occurrence(
-            occurrence_id=occurrence_id_for(schedule.id, 1, at),
-            schedule=schedule,
-            tenant=tenant,
-            schedule_version=1,
-            scheduled_for=at,
-            available_at=at,
-            lane="strict",
-        )
-        for at in instants
-    ]
-    Occurrence.objects.bulk_create(rows)
-    fires = [Fire(r.occurrence_id, r.scheduled_for, tenant.id, STRICT_QUEUE, r.available_at, 0) for r in rows]
-    with connection.cursor() as cursor:
-        enqueue(cursor, fires, size=1)
-    return {str(r.occurrence_id) for r in rows}
+@pytest.fixture
+def seed_envelopes(make_schedule) -> Callable[[Tenant, int], set[str]]:
+    """`count` strict occurrences due a second ago, one envelope each; returns their ids."""
+
+    def seed(tenant: Tenant, count: int) -> set[str]:
+        now = db_now()
+        schedule = make_schedule(tenant, name="relay")
+        instants = [now - timedelta(seconds=1, milliseconds=n) for n in range(count)]
+        rows = [  # in bulk: thousands of rows
+            Occurrence(
+                occurrence_id=occurrence_id_for(schedule.id, 1, at),
+                schedule=schedule,
+                tenant=tenant,
+                schedule_version=1,
+                scheduled_for=at,
+                available_at=at,
+                lane="strict",
+            )
+            for at in instants
+        ]
+        Occurrence.objects.bulk_create(rows)
+        fires = [Fire(r.occurrence_id, r.scheduled_for, tenant.id, STRICT_QUEUE, r.available_at, 0) for r in rows]
+        with connection.cursor() as cursor:
+            enqueue(cursor, fires, size=1)
+        return {str(r.occurrence_id) for r in rows}
+
+    return seed
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
@@ -94,7 +99,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_relay_killed_mid_batch_loses_nothing_and_duplicates_only_under_the_same_id(tenant_a):
+def test_relay_killed_mid_batch_loses_nothing_and_duplicates_only_under_the_same_id(tenant_a, seed_envelopes):
     drain_queue(STRICT_QUEUE)
     expected = seed_envelopes(tenant_a.tenant, 3000)
     relay = relay_process(batch=50)
@@ -124,7 +129,7 @@ def test_relay_killed_mid_batch_loses_nothing_and_duplicates_only_under_the_same
     assert duplicates == len(messages) - len({m["id"] for m in messages})
 
 
-def test_relay_stamps_confirmation_times_and_settles_occurrences_to_enqueued(tenant_a):
+def test_relay_stamps_confirmation_times_and_settles_occurrences_to_enqueued(tenant_a, seed_envelopes):
     drain_queue(STRICT_QUEUE)
     expected = seed_envelopes(tenant_a.tenant, 20)
     relay = relay_process()

@@ -11,36 +11,28 @@ import pytest
 from django.db import connection, connections
 
 from dispatch.engine.relay import Relay
-from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OutboxMessage
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
 from schedules.clock import db_now
-from schedules.services import cancel_schedule, create_schedule
+from schedules.services import cancel_schedule
 from tests.integration.test_relay_process import drain_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def staged_fire(tenant, name: str, *, at, priority: int = 0):
-    schedule, _ = create_schedule(
-        tenant=tenant,
-        data={"name": name, "kind": "cron", "cron": "* * * * *", "handler": "noop", "priority": priority},
-        actor="test",
-    )
-    occurrence = Occurrence.objects.create(
-        occurrence_id=occurrence_id_for(schedule.id, 1, at),
-        schedule=schedule,
-        tenant=tenant,
-        schedule_version=1,
-        scheduled_for=at,
-        available_at=at,
-        lane="strict",
-        priority=priority,
-    )
-    with connection.cursor() as cursor:
-        enqueue(cursor, [Fire(occurrence.occurrence_id, at, tenant.id, STRICT_QUEUE, at, priority)])
-    return schedule, occurrence
+@pytest.fixture
+def staged_fire(make_schedule, make_occurrence):
+    """A strict occurrence at `at` of a new schedule of that priority, with its envelope on the outbox."""
+
+    def stage(tenant, name: str, *, at, priority: int = 0):
+        schedule = make_schedule(tenant, name=name, priority=priority)
+        occurrence = make_occurrence(schedule, at=at, version=1, lane="strict", priority=priority)
+        with connection.cursor() as cursor:
+            enqueue(cursor, [Fire(occurrence.occurrence_id, at, tenant.id, STRICT_QUEUE, at, priority)])
+        return schedule, occurrence
+
+    return stage
 
 
 def run_relay_once(relay: Relay) -> None:
@@ -54,7 +46,7 @@ def run_relay_once(relay: Relay) -> None:
     asyncio.run(once())
 
 
-def test_staged_envelopes_leave_at_their_instant_in_priority_order(tenant_a):
+def test_staged_envelopes_leave_at_their_instant_in_priority_order(tenant_a, staged_fire):
     drain_queue(STRICT_QUEUE)
     at = db_now() + timedelta(seconds=0.6)
     _, low = staged_fire(tenant_a.tenant, "low", at=at, priority=-5)
@@ -67,7 +59,7 @@ def test_staged_envelopes_leave_at_their_instant_in_priority_order(tenant_a):
     assert order == [str(high.occurrence_id), str(middle.occurrence_id), str(low.occurrence_id)]
 
 
-def test_a_staged_envelope_whose_occurrences_were_withdrawn_is_dropped_unpublished(tenant_a):
+def test_a_staged_envelope_whose_occurrences_were_withdrawn_is_dropped_unpublished(tenant_a, staged_fire):
     drain_queue(STRICT_QUEUE)
     at = db_now() + timedelta(seconds=0.8)
     doomed_schedule, doomed = staged_fire(tenant_a.tenant, "doomed", at=at)

@@ -10,15 +10,9 @@ from dispatch.models import Occurrence, OccurrenceState
 from schedules import services
 from schedules.errors import ScheduleInvalid, StateConflict
 from schedules.models import Schedule, ScheduleState, ScheduleVersion, VersionChange
-from tests.integration.support import occurrence_row
 
 ACTOR = "tenant:acme/api"
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def tenant(tenant_a):
-    return tenant_a.tenant
 
 
 @pytest.fixture
@@ -31,10 +25,6 @@ def hourly(tenant) -> Schedule:
     )
     assert created
     return schedule
-
-
-def add_occurrence(schedule: Schedule, *, version: int, at: datetime, state: str) -> Occurrence:
-    return occurrence_row(schedule, version=version, at=at, state=state)
 
 
 def states_by_id(schedule: Schedule) -> dict:
@@ -119,17 +109,17 @@ def test_a_once_snapshot_stores_run_at_as_iso_text(tenant):
     ],
     ids=["update", "pause", "cancel"],
 )
-def test_a_new_version_cancels_unclaimed_occurrences_and_spares_claimed_or_finished_ones(hourly, verb):
+def test_a_new_version_cancels_unclaimed_occurrences_and_spares_claimed_or_finished_ones(hourly, verb, make_occurrence):
     at = T0 + timedelta(hours=1)
     now = T0 + timedelta(minutes=59)
     unclaimed = {
-        state: add_occurrence(hourly, version=1, at=at + timedelta(seconds=n), state=state)
+        state: make_occurrence(hourly, version=1, at=at + timedelta(seconds=n), state=state)
         for n, state in enumerate(
             [OccurrenceState.SCHEDULED, OccurrenceState.ENQUEUED, OccurrenceState.RETRY_WAIT], start=1
         )
     }
     kept = {
-        state: add_occurrence(hourly, version=1, at=at - timedelta(minutes=n), state=state)
+        state: make_occurrence(hourly, version=1, at=at - timedelta(minutes=n), state=state)
         for n, state in enumerate([OccurrenceState.RUNNING, OccurrenceState.SUCCEEDED, OccurrenceState.DEAD], start=1)
     }
 
@@ -141,9 +131,9 @@ def test_a_new_version_cancels_unclaimed_occurrences_and_spares_claimed_or_finis
     assert Occurrence.objects.get(pk=unclaimed[OccurrenceState.SCHEDULED].pk).finished_at == now
 
 
-def test_cancel_reports_the_running_occurrence_in_flight_and_leaves_it_running(hourly):
-    running = add_occurrence(hourly, version=1, at=T0 + timedelta(hours=1), state=OccurrenceState.RUNNING)
-    waiting = add_occurrence(hourly, version=1, at=T0 + timedelta(hours=2), state=OccurrenceState.SCHEDULED)
+def test_cancel_reports_the_running_occurrence_in_flight_and_leaves_it_running(hourly, make_occurrence):
+    running = make_occurrence(hourly, version=1, at=T0 + timedelta(hours=1), state=OccurrenceState.RUNNING)
+    waiting = make_occurrence(hourly, version=1, at=T0 + timedelta(hours=2), state=OccurrenceState.SCHEDULED)
 
     result = services.cancel_schedule(hourly, actor=ACTOR, now=T0 + timedelta(hours=1, seconds=5))
 
@@ -155,9 +145,9 @@ def test_cancel_reports_the_running_occurrence_in_flight_and_leaves_it_running(h
     }
 
 
-def test_invalidation_spares_occurrences_that_already_carry_the_new_version(hourly):
-    older = add_occurrence(hourly, version=1, at=T0 + timedelta(hours=1), state=OccurrenceState.SCHEDULED)
-    newer = add_occurrence(hourly, version=2, at=T0 + timedelta(hours=2), state=OccurrenceState.SCHEDULED)
+def test_invalidation_spares_occurrences_that_already_carry_the_new_version(hourly, make_occurrence):
+    older = make_occurrence(hourly, version=1, at=T0 + timedelta(hours=1), state=OccurrenceState.SCHEDULED)
+    newer = make_occurrence(hourly, version=2, at=T0 + timedelta(hours=2), state=OccurrenceState.SCHEDULED)
 
     services.update_schedule(hourly, {"priority": 2}, actor=ACTOR, now=T0)
 

@@ -7,7 +7,7 @@ import socket
 import threading
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,9 +19,7 @@ import dispatch.handlers.webhook  # noqa: F401 - registers the "webhook" handler
 from dispatch.engine.worker import Claim, complete, run_claimed, try_claim
 from dispatch.identity import utc_key
 from dispatch.models import Attempt, Occurrence, OccurrenceState
-from schedules import services
 from schedules.clock import db_now
-from tests.integration.support import occurrence_row
 
 BASE = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=5)
 
@@ -90,24 +88,14 @@ def target() -> Iterator[Target]:
 
 
 @pytest.fixture
-def tenant(tenant_a):
-    return tenant_a.tenant
+def webhook_occurrence(make_schedule, make_occurrence) -> Callable[..., Occurrence]:
+    """An enqueued occurrence at BASE of a fresh every-minute "webhook" schedule with `payload`."""
 
+    def make(tenant, payload: dict[str, Any], **fields: Any) -> Occurrence:
+        fields = {"name": f"hook-{uuid.uuid4().hex[:8]}", "handler": "webhook", "payload": payload, **fields}
+        return make_occurrence(make_schedule(tenant, **fields), at=BASE, state=OccurrenceState.ENQUEUED)
 
-def webhook_occurrence(tenant, payload: dict[str, Any], **fields: Any) -> Occurrence:
-    schedule, _ = services.create_schedule(
-        tenant=tenant,
-        data={
-            "name": f"hook-{uuid.uuid4().hex[:8]}",
-            "kind": "cron",
-            "cron": "* * * * *",
-            "handler": "webhook",
-            "payload": payload,
-            **fields,
-        },
-        actor="test",
-    )
-    return occurrence_row(schedule, at=BASE, state=OccurrenceState.ENQUEUED)
+    return make
 
 
 def deliver(occurrence: Occurrence, now: datetime | None = None) -> str:
@@ -122,7 +110,7 @@ def last_attempt(occurrence: Occurrence) -> Attempt:
     return Attempt.objects.filter(occurrence_id=occurrence.occurrence_id).order_by("-generation").first()
 
 
-def test_the_webhook_posts_the_body_with_the_occurrence_id_as_idempotency_key(tenant, target):
+def test_the_webhook_posts_the_body_with_the_occurrence_id_as_idempotency_key(tenant, target, webhook_occurrence):
     occurrence = webhook_occurrence(tenant, {"url": f"{target.url}/hook?x=1", "body": {"report": "daily", "n": 1}})
 
     assert deliver(occurrence) == OccurrenceState.SUCCEEDED
@@ -134,7 +122,7 @@ def test_the_webhook_posts_the_body_with_the_occurrence_id_as_idempotency_key(te
     assert request.headers["X-Scheduled-For"] == utc_key(occurrence.scheduled_for)
 
 
-def test_without_a_body_the_payload_minus_its_control_keys_is_posted(tenant, target):
+def test_without_a_body_the_payload_minus_its_control_keys_is_posted(tenant, target, webhook_occurrence):
     occurrence = webhook_occurrence(tenant, {"url": target.url, "timeout_seconds": 5, "customer": 42, "tags": ["a"]})
 
     assert deliver(occurrence) == OccurrenceState.SUCCEEDED
@@ -142,7 +130,7 @@ def test_without_a_body_the_payload_minus_its_control_keys_is_posted(tenant, tar
     assert target.received[0].body == {"customer": 42, "tags": ["a"]}
 
 
-def test_a_500_then_a_200_retries_then_succeeds_with_the_same_idempotency_key(tenant, target):
+def test_a_500_then_a_200_retries_then_succeeds_with_the_same_idempotency_key(tenant, target, webhook_occurrence):
     target.script(500, 200)
     occurrence = webhook_occurrence(tenant, {"url": target.url, "body": {}})
     now = db_now()
@@ -158,7 +146,7 @@ def test_a_500_then_a_200_retries_then_succeeds_with_the_same_idempotency_key(te
 
 
 @pytest.mark.parametrize("status", [400, 401, 404, 410, 422])
-def test_a_4xx_goes_dead_without_a_retry(tenant, target, status):
+def test_a_4xx_goes_dead_without_a_retry(tenant, target, status, webhook_occurrence):
     target.script(status)
     occurrence = webhook_occurrence(tenant, {"url": target.url})
 
@@ -171,7 +159,7 @@ def test_a_4xx_goes_dead_without_a_retry(tenant, target, status):
 
 
 @pytest.mark.parametrize("status", [408, 429, 500, 502, 503])
-def test_408_429_and_5xx_are_transient(tenant, target, status):
+def test_408_429_and_5xx_are_transient(tenant, target, status, webhook_occurrence):
     target.script(status)
     occurrence = webhook_occurrence(tenant, {"url": target.url})
 
@@ -179,7 +167,7 @@ def test_408_429_and_5xx_are_transient(tenant, target, status):
     assert last_attempt(occurrence).error_class == "transient"
 
 
-def test_retry_after_is_a_floor_for_the_backoff(tenant, target):
+def test_retry_after_is_a_floor_for_the_backoff(tenant, target, webhook_occurrence):
     target.script(Reply(429, headers={"Retry-After": "120"}))
     occurrence = webhook_occurrence(tenant, {"url": target.url})
     now = db_now()
@@ -190,7 +178,7 @@ def test_retry_after_is_a_floor_for_the_backoff(tenant, target):
     assert occurrence.available_at >= now + timedelta(seconds=120)
 
 
-def test_a_timeout_is_transient(tenant, target):
+def test_a_timeout_is_transient(tenant, target, webhook_occurrence):
     target.script(Reply(200, delay=5))
     occurrence = webhook_occurrence(tenant, {"url": target.url, "timeout_seconds": 0.3})
 
@@ -201,7 +189,7 @@ def test_a_timeout_is_transient(tenant, target):
     assert "timed out" in attempt.error
 
 
-def test_a_refused_connection_is_transient(tenant):
+def test_a_refused_connection_is_transient(tenant, webhook_occurrence):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again at once: nothing listens there
@@ -212,7 +200,7 @@ def test_a_refused_connection_is_transient(tenant):
 
 
 @pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://example.com/x", "http://", "not a url", None])
-def test_a_url_that_is_not_http_is_refused_as_permanent(tenant, url):
+def test_a_url_that_is_not_http_is_refused_as_permanent(tenant, url, webhook_occurrence):
     payload = {"url": url} if url is not None else {}
     occurrence = webhook_occurrence(tenant, payload)
 
@@ -220,7 +208,7 @@ def test_a_url_that_is_not_http_is_refused_as_permanent(tenant, url):
     assert last_attempt(occurrence).error_class == "permanent"
 
 
-def test_a_redirect_is_not_followed(tenant, target):
+def test_a_redirect_is_not_followed(tenant, target, webhook_occurrence):
     target.script(Reply(302, headers={"Location": f"{target.url}/elsewhere"}))
     occurrence = webhook_occurrence(tenant, {"url": target.url})
 
@@ -229,7 +217,7 @@ def test_a_redirect_is_not_followed(tenant, target):
     assert [r.path for r in target.received] == ["/"]
 
 
-def test_an_absurd_timeout_is_capped_and_a_bad_one_refused(tenant, target):
+def test_an_absurd_timeout_is_capped_and_a_bad_one_refused(tenant, target, webhook_occurrence):
     capped = webhook_occurrence(tenant, {"url": target.url, "timeout_seconds": 3600})
     assert deliver(capped) == OccurrenceState.SUCCEEDED
 

@@ -28,7 +28,6 @@ from schedules.clock import db_now
 from schedules.models import Schedule, ScheduleState
 from tests import handlers as test_handlers
 from tests.handlers import effects, ensure_effects_table
-from tests.integration.support import occurrence_row
 
 WORKER = "test-worker"
 # Fires of the recent past: the materializer would have produced them; any partition (or DEFAULT) takes them.
@@ -36,11 +35,6 @@ BASE = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=30
 
 
 # --- fixtures and helpers -------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def tenant(tenant_a):
-    return tenant_a.tenant
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -58,16 +52,24 @@ def committed(transactional_db, tenant_a):
     return tenant_a.tenant
 
 
-def make_schedule(tenant, handler: str = "noop", **fields: Any) -> Schedule:
-    data = {"name": f"worker-{uuid.uuid4().hex[:8]}", "kind": "cron", "cron": "* * * * *", "handler": handler}
-    schedule, _ = services.create_schedule(tenant=tenant, data={**data, **fields}, actor="test")
-    return schedule
+@pytest.fixture
+def make_schedule(make_schedule) -> Callable[..., Schedule]:
+    """The shared factory, with a fresh name for each schedule of this module."""
+
+    def make(tenant, **fields: Any) -> Schedule:
+        return make_schedule(tenant, **{"name": f"worker-{uuid.uuid4().hex[:8]}", **fields})
+
+    return make
 
 
-def add_occurrence(
-    schedule: Schedule, *, minute: int = 0, state: str = OccurrenceState.ENQUEUED, **fields: Any
-) -> Occurrence:
-    return occurrence_row(schedule, at=BASE + timedelta(minutes=minute), state=state, **fields)
+@pytest.fixture
+def add_occurrence(make_occurrence) -> Callable[..., Occurrence]:
+    """An occurrence `minute` minutes after BASE, enqueued (its envelope taken by the relay) unless told otherwise."""
+
+    def add(schedule: Schedule, *, minute: int = 0, state: str = OccurrenceState.ENQUEUED, **fields: Any) -> Occurrence:
+        return make_occurrence(schedule, at=BASE + timedelta(minutes=minute), state=state, **fields)
+
+    return add
 
 
 def claim_of(occurrence: Occurrence, now: datetime | None = None) -> Claim | None:
@@ -140,7 +142,7 @@ def in_threads(*targets: Callable[[], Any]) -> list[Any]:
 # --- claim, run, complete ---------------------------------------------------------------------------------------
 
 
-def test_a_claimed_occurrence_runs_its_handler_once_and_succeeds(tenant):
+def test_a_claimed_occurrence_runs_its_handler_once_and_succeeds(tenant, make_schedule, add_occurrence):
     ensure_effects_table()
     occurrence = add_occurrence(make_schedule(tenant, handler="effect", payload={"k": "v"}))
 
@@ -158,13 +160,13 @@ def test_a_claimed_occurrence_runs_its_handler_once_and_succeeds(tenant):
     assert effects() == {occurrence.occurrence_id: 1}
 
 
-def test_a_scheduled_occurrence_not_yet_settled_by_the_relay_is_claimable(tenant):
+def test_a_scheduled_occurrence_not_yet_settled_by_the_relay_is_claimable(tenant, make_schedule, add_occurrence):
     occurrence = add_occurrence(make_schedule(tenant, handler="noop"), state=OccurrenceState.SCHEDULED)
 
     assert claim_of(occurrence) is not None
 
 
-def test_a_duplicate_delivery_of_a_running_occurrence_is_dropped_and_counted(tenant):
+def test_a_duplicate_delivery_of_a_running_occurrence_is_dropped_and_counted(tenant, make_schedule, add_occurrence):
     occurrence = add_occurrence(make_schedule(tenant))
     before = metric("scheduler_worker_claim_drops_total", reason="duplicate")
     assert claim_of(occurrence) is not None
@@ -186,7 +188,9 @@ def test_a_duplicate_delivery_of_a_running_occurrence_is_dropped_and_counted(ten
         OccurrenceState.SKIPPED_OVERLAP,
     ],
 )
-def test_a_delivery_of_a_terminal_occurrence_is_dropped_and_changes_nothing(tenant, state):
+def test_a_delivery_of_a_terminal_occurrence_is_dropped_and_changes_nothing(
+    tenant, state, make_schedule, add_occurrence
+):
     occurrence = add_occurrence(make_schedule(tenant), state=state)
 
     assert try_claim(occurrence.occurrence_id, occurrence.scheduled_for, WORKER) == worker.Drop("terminal", state)
@@ -200,7 +204,7 @@ def test_a_delivery_of_an_unknown_occurrence_is_dropped(tenant):
     assert outcome == worker.Drop("unknown", None)
 
 
-def test_a_retry_delivered_before_its_time_is_an_early_duplicate_and_dropped(tenant):
+def test_a_retry_delivered_before_its_time_is_an_early_duplicate_and_dropped(tenant, make_schedule, add_occurrence):
     now = db_now()
     occurrence = add_occurrence(make_schedule(tenant), state=OccurrenceState.RETRY_WAIT, attempt_count=1)
     Occurrence.objects.filter(pk=occurrence.pk).update(available_at=now + timedelta(seconds=60))
@@ -210,7 +214,9 @@ def test_a_retry_delivered_before_its_time_is_an_early_duplicate_and_dropped(ten
     assert claimed is not None and claimed.generation == 2
 
 
-def test_an_old_generation_is_fenced_after_its_lease_expired_and_a_new_attempt_claimed(tenant, settings):
+def test_an_old_generation_is_fenced_after_its_lease_expired_and_a_new_attempt_claimed(
+    tenant, settings, make_schedule, add_occurrence
+):
     settings.SCHEDULER_WORKER_LEASE_SECONDS = 30
     ensure_effects_table()
     occurrence = add_occurrence(make_schedule(tenant, handler="effect"))
@@ -229,7 +235,7 @@ def test_an_old_generation_is_fenced_after_its_lease_expired_and_a_new_attempt_c
     assert effects() == {occurrence.occurrence_id: 1}
 
 
-def test_a_fenced_attempt_does_not_run_its_handler(tenant):
+def test_a_fenced_attempt_does_not_run_its_handler(tenant, make_schedule, add_occurrence):
     ensure_effects_table()
     occurrence = add_occurrence(make_schedule(tenant, handler="effect"))
     now = db_now()
@@ -242,7 +248,9 @@ def test_a_fenced_attempt_does_not_run_its_handler(tenant):
     assert effects() == {}
 
 
-def test_transient_failures_back_off_with_full_jitter_up_to_max_attempts_then_dead(tenant, settings):
+def test_transient_failures_back_off_with_full_jitter_up_to_max_attempts_then_dead(
+    tenant, settings, make_schedule, add_occurrence
+):
     settings.SCHEDULER_RETRY_BASE_SECONDS = 10
     settings.SCHEDULER_RETRY_CAP_SECONDS = 25
     occurrence = add_occurrence(make_schedule(tenant, handler="fail_transient", max_attempts=3))
@@ -281,7 +289,9 @@ def test_the_backoff_ceiling_doubles_per_attempt_up_to_the_cap():
     assert ceilings == [1, 2, 4, 256, 300, 300]
 
 
-def test_a_handler_that_fails_then_succeeds_has_one_effect_after_its_retries(tenant, settings):
+def test_a_handler_that_fails_then_succeeds_has_one_effect_after_its_retries(
+    tenant, settings, make_schedule, add_occurrence
+):
     settings.SCHEDULER_RETRY_BASE_SECONDS = 0
     ensure_effects_table()
     occurrence = add_occurrence(make_schedule(tenant, handler="fail_then_succeed", payload={"failures": 2}))
@@ -293,14 +303,14 @@ def test_a_handler_that_fails_then_succeeds_has_one_effect_after_its_retries(ten
     assert effects() == {occurrence.occurrence_id: 1}
 
 
-def test_an_unexpected_exception_is_retried_as_transient(tenant):
+def test_an_unexpected_exception_is_retried_as_transient(tenant, make_schedule, add_occurrence):
     occurrence = add_occurrence(make_schedule(tenant, handler="crash"))
 
     assert run_and_complete(claim_of(occurrence)) == OccurrenceState.RETRY_WAIT
     assert attempts_of(occurrence) == [(1, "failed", "transient")]
 
 
-def test_a_permanent_error_goes_dead_at_once_with_attempts_left(tenant):
+def test_a_permanent_error_goes_dead_at_once_with_attempts_left(tenant, make_schedule, add_occurrence):
     occurrence = add_occurrence(make_schedule(tenant, handler="fail_permanent", max_attempts=5))
 
     assert run_and_complete(claim_of(occurrence)) == OccurrenceState.DEAD
@@ -309,7 +319,7 @@ def test_a_permanent_error_goes_dead_at_once_with_attempts_left(tenant):
     assert envelopes_for(occurrence) == 0
 
 
-def test_an_unknown_handler_goes_dead(tenant):
+def test_an_unknown_handler_goes_dead(tenant, make_schedule, add_occurrence):
     schedule = make_schedule(tenant)
     # The control plane refuses unknown names; a handler module missing on this worker looks the same.
     Schedule.objects.filter(pk=schedule.pk).update(handler="not_deployed_here")
@@ -319,7 +329,7 @@ def test_an_unknown_handler_goes_dead(tenant):
     assert Attempt.objects.get(occurrence_id=occurrence.occurrence_id).error == "unknown handler 'not_deployed_here'"
 
 
-def test_the_handler_receives_its_context(tenant):
+def test_the_handler_receives_its_context(tenant, make_schedule, add_occurrence):
     schedule = make_schedule(tenant, handler="sleep", payload={"seconds": 0})
     occurrence = add_occurrence(schedule)
     claimed = claim_of(occurrence)
@@ -341,7 +351,7 @@ def test_the_handler_receives_its_context(tenant):
 # --- version re-check and cancel -----------------------------------------------------------------------------
 
 
-def test_a_claim_cancels_an_occurrence_whose_schedule_was_canceled(tenant):
+def test_a_claim_cancels_an_occurrence_whose_schedule_was_canceled(tenant, make_schedule, add_occurrence):
     schedule = make_schedule(tenant)
     occurrence = add_occurrence(schedule)
     # As if the cancel's invalidation had not reached this row (e.g. the occurrence was inserted concurrently).
@@ -352,7 +362,7 @@ def test_a_claim_cancels_an_occurrence_whose_schedule_was_canceled(tenant):
     assert attempts_of(occurrence) == []
 
 
-def test_a_claim_cancels_an_occurrence_of_an_older_schedule_version(tenant):
+def test_a_claim_cancels_an_occurrence_of_an_older_schedule_version(tenant, make_schedule, add_occurrence):
     schedule = make_schedule(tenant)
     occurrence = add_occurrence(schedule)
     Schedule.objects.filter(pk=schedule.pk).update(version=F("version") + 1)
@@ -361,7 +371,9 @@ def test_a_claim_cancels_an_occurrence_of_an_older_schedule_version(tenant):
     assert state_of(occurrence) == OccurrenceState.CANCELED
 
 
-def test_a_forced_occurrence_of_an_older_version_runs_but_a_cancel_still_withdraws_it(tenant):
+def test_a_forced_occurrence_of_an_older_version_runs_but_a_cancel_still_withdraws_it(
+    tenant, make_schedule, add_occurrence
+):
     """Backfill and replay set `forced`: an operator asked for that very fire, so a newer version does not
     withdraw it; a canceled schedule still does."""
     schedule = make_schedule(tenant)
@@ -378,7 +390,7 @@ def test_a_forced_occurrence_of_an_older_version_runs_but_a_cancel_still_withdra
     assert state_of(another) == OccurrenceState.CANCELED
 
 
-def test_a_cancel_between_claim_and_side_effect_wins(tenant):
+def test_a_cancel_between_claim_and_side_effect_wins(tenant, make_schedule, add_occurrence):
     ensure_effects_table()
     schedule = make_schedule(tenant, handler="effect")
     occurrence = add_occurrence(schedule)
@@ -392,7 +404,7 @@ def test_a_cancel_between_claim_and_side_effect_wins(tenant):
     assert attempts_of(occurrence) == [(1, "canceled", "")]
 
 
-def test_an_update_between_claim_and_side_effect_withdraws_the_old_version(tenant):
+def test_an_update_between_claim_and_side_effect_withdraws_the_old_version(tenant, make_schedule, add_occurrence):
     ensure_effects_table()
     schedule = make_schedule(tenant, handler="effect")
     occurrence = add_occurrence(schedule)
@@ -407,7 +419,7 @@ def test_an_update_between_claim_and_side_effect_withdraws_the_old_version(tenan
 # --- overlap policies -------------------------------------------------------------------------------------------
 
 
-def test_skip_if_running_skips_an_occurrence_while_another_runs(tenant):
+def test_skip_if_running_skips_an_occurrence_while_another_runs(tenant, make_schedule, add_occurrence):
     schedule = make_schedule(tenant, overlap_policy="skip_if_running")
     first, second = add_occurrence(schedule, minute=0), add_occurrence(schedule, minute=1)
     claimed = claim_of(first)
@@ -421,7 +433,7 @@ def test_skip_if_running_skips_an_occurrence_while_another_runs(tenant):
     assert claim_of(third) is not None
 
 
-def test_skip_if_running_ignores_a_predecessor_whose_lease_expired(tenant):
+def test_skip_if_running_ignores_a_predecessor_whose_lease_expired(tenant, make_schedule, add_occurrence):
     schedule = make_schedule(tenant, overlap_policy="skip_if_running")
     first, second = add_occurrence(schedule, minute=0), add_occurrence(schedule, minute=1)
     now = db_now()
@@ -430,7 +442,9 @@ def test_skip_if_running_ignores_a_predecessor_whose_lease_expired(tenant):
     assert claim_of(second, now=now + timedelta(hours=1)) is not None
 
 
-def test_queue_one_parks_one_occurrence_behind_a_running_one_and_skips_the_rest(tenant, settings):
+def test_queue_one_parks_one_occurrence_behind_a_running_one_and_skips_the_rest(
+    tenant, settings, make_schedule, add_occurrence
+):
     settings.SCHEDULER_OVERLAP_RECHECK_SECONDS = 5
     schedule = make_schedule(tenant, overlap_policy="queue_one")
     first, second, third = (add_occurrence(schedule, minute=n) for n in range(3))
@@ -454,7 +468,7 @@ def test_queue_one_parks_one_occurrence_behind_a_running_one_and_skips_the_rest(
     assert claimed is not None and claimed.generation == 1
 
 
-def test_skip_if_running_lets_exactly_one_of_two_concurrent_claims_run(committed):
+def test_skip_if_running_lets_exactly_one_of_two_concurrent_claims_run(committed, make_schedule, add_occurrence):
     for _ in range(5):
         schedule = make_schedule(committed, overlap_policy="skip_if_running")
         occurrences = [add_occurrence(schedule, minute=n) for n in range(2)]
@@ -468,7 +482,7 @@ def test_skip_if_running_lets_exactly_one_of_two_concurrent_claims_run(committed
         }
 
 
-def test_queue_one_under_concurrency_runs_one_parks_one_and_skips_one(committed):
+def test_queue_one_under_concurrency_runs_one_parks_one_and_skips_one(committed, make_schedule, add_occurrence):
     for _ in range(3):
         schedule = make_schedule(committed, overlap_policy="queue_one")
         occurrences = [add_occurrence(schedule, minute=n) for n in range(3)]
@@ -482,7 +496,9 @@ def test_queue_one_under_concurrency_runs_one_parks_one_and_skips_one(committed)
         }
 
 
-def test_a_cancel_racing_a_claim_ends_canceled_and_unrun_or_running_and_reported_in_flight(committed):
+def test_a_cancel_racing_a_claim_ends_canceled_and_unrun_or_running_and_reported_in_flight(
+    committed, make_schedule, add_occurrence
+):
     seen = set()
     for _ in range(8):
         schedule = make_schedule(committed, handler="effect")
@@ -525,7 +541,9 @@ def run_in_background(claimed: Claim) -> tuple[threading.Thread, dict[str, str]]
     return thread, result
 
 
-def test_the_heartbeat_renews_the_lease_so_the_reaper_leaves_a_long_handler_alone(committed, settings):
+def test_the_heartbeat_renews_the_lease_so_the_reaper_leaves_a_long_handler_alone(
+    committed, settings, make_schedule, add_occurrence
+):
     settings.SCHEDULER_WORKER_LEASE_SECONDS = 1.5
     occurrence = add_occurrence(make_schedule(committed, handler="sleep", payload={"seconds": 3, "effect": True}))
     claimed = claim_of(occurrence)
@@ -543,7 +561,9 @@ def test_the_heartbeat_renews_the_lease_so_the_reaper_leaves_a_long_handler_alon
     assert effects() == {occurrence.occurrence_id: 1}
 
 
-def test_a_lost_lease_raises_the_cancel_event_and_the_late_completion_is_fenced(committed, settings):
+def test_a_lost_lease_raises_the_cancel_event_and_the_late_completion_is_fenced(
+    committed, settings, make_schedule, add_occurrence
+):
     settings.SCHEDULER_WORKER_LEASE_SECONDS = 1.5
     occurrence = add_occurrence(make_schedule(committed, handler="sleep", payload={"seconds": 20, "effect": True}))
     first = claim_of(occurrence)
@@ -561,7 +581,9 @@ def test_a_lost_lease_raises_the_cancel_event_and_the_late_completion_is_fenced(
     assert effects() == {}
 
 
-def test_a_schedule_canceled_while_its_handler_runs_cancels_the_handler(committed, settings):
+def test_a_schedule_canceled_while_its_handler_runs_cancels_the_handler(
+    committed, settings, make_schedule, add_occurrence
+):
     settings.SCHEDULER_WORKER_LEASE_SECONDS = 1.5
     schedule = make_schedule(committed, handler="sleep", payload={"seconds": 20, "effect": True})
     occurrence = add_occurrence(schedule)
@@ -580,7 +602,9 @@ def test_a_schedule_canceled_while_its_handler_runs_cancels_the_handler(committe
 # --- reaper -----------------------------------------------------------------------------------------------------
 
 
-def test_the_reaper_returns_an_expired_lease_to_retry_wait_with_a_new_envelope(tenant, settings):
+def test_the_reaper_returns_an_expired_lease_to_retry_wait_with_a_new_envelope(
+    tenant, settings, make_schedule, add_occurrence
+):
     settings.SCHEDULER_WORKER_LEASE_SECONDS = 30
     occurrence = add_occurrence(make_schedule(tenant))
     now = db_now()
@@ -598,7 +622,7 @@ def test_the_reaper_returns_an_expired_lease_to_retry_wait_with_a_new_envelope(t
     assert claimed is not None and claimed.generation == 2
 
 
-def test_the_reaper_sends_an_occurrence_without_attempts_left_to_dead(tenant):
+def test_the_reaper_sends_an_occurrence_without_attempts_left_to_dead(tenant, make_schedule, add_occurrence):
     occurrence = add_occurrence(make_schedule(tenant, max_attempts=1))
     now = db_now()
     claim_of(occurrence, now=now)
@@ -609,7 +633,7 @@ def test_the_reaper_sends_an_occurrence_without_attempts_left_to_dead(tenant):
     assert envelopes_for(occurrence) == 0
 
 
-def test_the_reaper_cancels_an_expired_occurrence_whose_schedule_was_canceled(tenant):
+def test_the_reaper_cancels_an_expired_occurrence_whose_schedule_was_canceled(tenant, make_schedule, add_occurrence):
     schedule = make_schedule(tenant)
     occurrence = add_occurrence(schedule)
     now = db_now()
@@ -634,7 +658,7 @@ def envelope_of(*occurrences: Occurrence) -> dict[str, Any]:
     }
 
 
-def test_the_task_runs_every_occurrence_of_an_envelope_and_drops_unknown_ones(committed):
+def test_the_task_runs_every_occurrence_of_an_envelope_and_drops_unknown_ones(committed, make_schedule, add_occurrence):
     schedule = make_schedule(committed, handler="effect")
     occurrences = [add_occurrence(schedule, minute=n) for n in range(5)]
     content = envelope_of(*occurrences)
@@ -648,7 +672,7 @@ def test_the_task_runs_every_occurrence_of_an_envelope_and_drops_unknown_ones(co
     assert tasks.run_envelope(content) == {"dropped": 6}  # a redelivery re-offers nothing terminal
 
 
-def test_the_task_runs_the_occurrences_of_an_envelope_in_parallel(committed):
+def test_the_task_runs_the_occurrences_of_an_envelope_in_parallel(committed, make_schedule, add_occurrence):
     schedule = make_schedule(committed, handler="sleep", payload={"seconds": 1})
     occurrences = [add_occurrence(schedule, minute=n) for n in range(6)]
 

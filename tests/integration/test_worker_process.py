@@ -25,12 +25,11 @@ from kombu import Connection, Exchange, Queue
 
 from dispatch.engine.leases import reap_expired_leases
 from dispatch.envelopes import BODY_VERSION, RUN_ENVELOPE_TASK, message_headers, task_id_for
-from dispatch.identity import occurrence_id_for, utc_key
+from dispatch.identity import utc_key
 from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import queue_for_lane
 from scheduler_project.celery import app
-from schedules import services
 from schedules.clock import db_now
 from tests.handlers import effects, ensure_effects_table
 
@@ -122,10 +121,11 @@ def start_worker() -> Iterator[Callable[[], WorkerProcess]]:
 
 
 @pytest.fixture
-def tenant(tenant_a):
+def tenant(tenant):
+    """The shared acme tenant, with the effects table ready and this module's queues empty."""
     ensure_effects_table()
     purge()
-    return tenant_a.tenant
+    return tenant
 
 
 # --- broker helpers ---------------------------------------------------------------------------------------------
@@ -185,25 +185,20 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
 # --- data helpers -----------------------------------------------------------------------------------------------
 
 
-def occurrences_of(tenant, *, count: int, lane: str = "strict", **data: Any) -> list[Occurrence]:
-    schedule, _ = services.create_schedule(
-        tenant=tenant,
-        data={"name": f"proc-{uuid.uuid4().hex[:8]}", "kind": "cron", "cron": "* * * * *", "lane": lane, **data},
-        actor="test",
-    )
-    base = db_now().replace(microsecond=0) - timedelta(minutes=10)
-    return [
-        Occurrence.objects.create(
-            occurrence_id=occurrence_id_for(schedule.id, schedule.version, base + timedelta(seconds=n)),
-            schedule=schedule,
-            tenant_id=schedule.tenant_id,
-            schedule_version=schedule.version,
-            scheduled_for=base + timedelta(seconds=n),
-            available_at=base,  # released together: one envelope per lane
-            lane=lane,
-        )
-        for n in range(count)
-    ]
+@pytest.fixture
+def occurrences_of(make_schedule, make_occurrence) -> Callable[..., list[Occurrence]]:
+    """`count` occurrences, a second apart ten minutes ago, of a new schedule on `lane`."""
+
+    def make(tenant, *, count: int, lane: str = "strict", **data: Any) -> list[Occurrence]:
+        schedule = make_schedule(tenant, **{"name": f"proc-{uuid.uuid4().hex[:8]}", "lane": lane, **data})
+        base = db_now().replace(microsecond=0) - timedelta(minutes=10)
+        return [
+            # released together: one envelope per lane
+            make_occurrence(schedule, at=base + timedelta(seconds=n), available_at=base, lane=lane)
+            for n in range(count)
+        ]
+
+    return make
 
 
 def write_outbox(occurrences: list[Occurrence]) -> list[OutboxMessage]:
@@ -228,7 +223,9 @@ def envelope_body(*pairs: tuple[uuid.UUID, Any]) -> dict[str, Any]:
 # --- tests ------------------------------------------------------------------------------------------------------
 
 
-def test_published_envelopes_run_each_occurrence_once_despite_duplicate_deliveries(tenant, start_worker):
+def test_published_envelopes_run_each_occurrence_once_despite_duplicate_deliveries(
+    tenant, start_worker, occurrences_of
+):
     strict = occurrences_of(tenant, count=4, handler="effect")
     flexible = occurrences_of(tenant, count=3, lane="flexible", handler="effect")
     envelopes = write_outbox(strict + flexible)
@@ -250,7 +247,9 @@ def test_published_envelopes_run_each_occurrence_once_despite_duplicate_deliveri
     assert worker.process.poll() is None
 
 
-def test_a_worker_killed_mid_handler_is_reaped_and_a_new_attempt_runs_with_one_effect(tenant, start_worker, settings):
+def test_a_worker_killed_mid_handler_is_reaped_and_a_new_attempt_runs_with_one_effect(
+    tenant, start_worker, settings, occurrences_of
+):
     settings.SCHEDULER_WORKER_LEASE_SECONDS = LEASE_SECONDS
     (occurrence,) = occurrences_of(tenant, count=1, handler="sleep", payload={"seconds": 3, "effect": True})
     (envelope,) = write_outbox([occurrence])
@@ -282,7 +281,7 @@ def test_a_worker_killed_mid_handler_is_reaped_and_a_new_attempt_runs_with_one_e
     assert effects() == {occurrence.occurrence_id: 1}
 
 
-def test_bad_messages_are_logged_and_dropped_and_the_worker_keeps_processing(tenant, start_worker):
+def test_bad_messages_are_logged_and_dropped_and_the_worker_keeps_processing(tenant, start_worker, occurrences_of):
     good = occurrences_of(tenant, count=2, handler="effect")
     unknown_id = uuid.uuid4()
     worker = start_worker()

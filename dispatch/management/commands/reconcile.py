@@ -1,4 +1,5 @@
-"""`manage.py reconcile --since ISO --until ISO [--tenant SLUG] [--json]`: expected vs actual occurrences."""
+"""`manage.py reconcile --since ISO --until ISO [--tenant SLUG] [--stuck-after S] [--json]`: expected vs actual
+occurrences, and the ones stuck on the way."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dispatch.errors import ReconcileInputError
 from dispatch.reconcile import RECONCILE_GRACE_SECONDS, ReconcileReport, parse_instant, reconcile
+from dispatch.stuck import DEFAULT_STUCK_AFTER_SECONDS
 from tenants.models import Tenant
 
 # Gaps printed by the command; the report's counts are always complete.
@@ -18,13 +20,20 @@ LISTED_GAPS = 50
 class Command(BaseCommand):
     help = (
         "Recompute the fires owed in [since, until) from schedule version history and the time rules, compare them "
-        "with the occurrence rows, and list the gaps. Exit code 1 when any expected fire has no row."
+        "with the occurrence rows, and list the gaps and the stuck occurrences. Exit code 1 when any expected fire "
+        "has no row or any occurrence is stuck."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--since", required=True, help="window start, ISO 8601 with offset or Z (inclusive)")
         parser.add_argument("--until", required=True, help="window end, ISO 8601 with offset or Z (exclusive)")
         parser.add_argument("--tenant", help="only this tenant's schedules (slug)")
+        parser.add_argument(
+            "--stuck-after",
+            type=float,
+            metavar="SECONDS",
+            help=f"report occurrences not done this long after they were due (default {DEFAULT_STUCK_AFTER_SECONDS})",
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
 
     def handle(self, *args, **options) -> None:
@@ -35,6 +44,9 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         if since >= until:
             raise CommandError(f"--since ({options['since']}) must be before --until ({options['until']}).")
+        stuck_after = options["stuck_after"]
+        if stuck_after is not None and not (0 <= stuck_after < float("inf")):
+            raise CommandError(f"--stuck-after must be a number of seconds >= 0, not {stuck_after}.")
         tenant_id = None
         if options["tenant"]:
             tenant = Tenant.objects.filter(slug=options["tenant"]).first()
@@ -42,7 +54,7 @@ class Command(BaseCommand):
                 raise CommandError(f"Unknown tenant {options['tenant']!r}.")
             tenant_id = tenant.id
 
-        report = reconcile(since=since, until=until, tenant_id=tenant_id)
+        report = reconcile(since=since, until=until, tenant_id=tenant_id, stuck_after_seconds=stuck_after)
         if options["json"]:
             payload = report.as_dict(gap_limit=LISTED_GAPS)
             payload["tenant"] = options["tenant"]
@@ -78,6 +90,21 @@ class Command(BaseCommand):
                     "(its fires cannot be recomputed)"
                 )
             )
+        if report.stuck:
+            by_state = ", ".join(f"{state} {count}" for state, count in d["stuck_by_state"].items())
+            self.stdout.write(
+                self.style.ERROR(
+                    f"STUCK: {report.stuck} occurrences not done {report.stuck_after_seconds:.0f} s after they were "
+                    f"due ({by_state}); re-drive them with `manage.py replay --stuck`."
+                )
+            )
+            for row in report.stuck_samples[:LISTED_GAPS]:
+                self.stdout.write(
+                    f"  occurrence {row.occurrence_id} ({row.state}, {row.stuck_for_seconds:.0f} s) of schedule "
+                    f"{row.schedule_id} at {row.as_dict()['scheduled_for']}"
+                )
+            if report.stuck > LISTED_GAPS:
+                self.stdout.write(f"  ... and {report.stuck - LISTED_GAPS} more")
         if report.ok:
             self.stdout.write(self.style.SUCCESS("OK: every expected occurrence is accounted for."))
             return

@@ -1,0 +1,148 @@
+"""The envelope body (dispatch.envelopes): what encode_body writes, decode_content reads back, and what it refuses."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from dispatch.envelopes import BODY_VERSION, MalformedEnvelope, decode_content, encode_body
+from dispatch.outbox import Fire, pack
+from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE
+
+T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+AN_ID = "0f6c1e1a-3b5d-4c8e-9a7f-2d4b6c8e0a1b"
+AN_INSTANT = "2026-06-01T12:00:00.000000Z"
+
+
+def pairs_at(*instants: datetime) -> list[tuple[uuid.UUID, datetime]]:
+    return [(uuid.uuid4(), at) for at in instants]
+
+
+def argument_of(body: bytes):
+    """The single argument of the Celery protocol-2 task call: body = [args, kwargs, embed]."""
+    return json.loads(body)[0][0]
+
+
+def with_occurrences(pairs) -> dict:
+    return {"v": BODY_VERSION, "tenant_id": 7, "queue": STRICT_QUEUE, "occurrences": pairs}
+
+
+# --- encode / decode ------------------------------------------------------------------------------------------
+
+
+def test_an_encoded_envelope_decodes_to_its_occurrence_ids_and_instants_in_order():
+    pairs = pairs_at(T0, T0 + timedelta(microseconds=1), T0 - timedelta(days=400, microseconds=999_999), T0)
+
+    decoded = decode_content(argument_of(encode_body(7, STRICT_QUEUE, pairs)))
+
+    assert decoded == pairs
+    assert all(isinstance(occurrence_id, uuid.UUID) for occurrence_id, _ in decoded)
+
+
+def test_instants_of_any_zone_come_back_as_the_same_instant_in_utc():
+    local = datetime(2026, 3, 8, 1, 59, 59, 123456, tzinfo=ZoneInfo("America/New_York"))
+
+    [(_, instant)] = decode_content(argument_of(encode_body(7, STRICT_QUEUE, pairs_at(local))))
+
+    assert instant == local
+    assert instant.tzinfo is UTC
+    assert instant.microsecond == 123456
+
+
+def test_the_body_is_a_celery_protocol_2_call_with_one_argument_naming_tenant_queue_and_version():
+    [(occurrence_id, _)] = pairs = pairs_at(T0)
+
+    args, kwargs, embed = json.loads(encode_body(42, FLEXIBLE_QUEUE, pairs))
+
+    assert len(args) == 1 and kwargs == {}
+    assert embed == {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+    content = args[0]
+    assert (content["v"], content["tenant_id"], content["queue"]) == (BODY_VERSION, 42, FLEXIBLE_QUEUE)
+    assert content["occurrences"] == [[str(occurrence_id), "2026-06-01T12:00:00.000000Z"]]
+
+
+def test_an_envelope_of_the_outbox_carries_the_body_of_its_tenant_queue_and_fires():
+    fires = [Fire(uuid.uuid4(), T0 + timedelta(milliseconds=n), 3, FLEXIBLE_QUEUE, T0, 0) for n in range(3)]
+    [envelope] = pack(fires, size=3)
+
+    assert envelope.body() == encode_body(3, FLEXIBLE_QUEUE, [(f.occurrence_id, f.scheduled_for) for f in fires])
+    assert decode_content(argument_of(envelope.body())) == [(f.occurrence_id, f.scheduled_for) for f in fires]
+
+
+def test_a_well_formed_entry_written_by_hand_decodes():
+    assert decode_content(with_occurrences([[AN_ID, AN_INSTANT]])) == [(uuid.UUID(AN_ID), T0)]
+
+
+# --- refusals -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        {"v": BODY_VERSION + 1, "occurrences": [[AN_ID, AN_INSTANT]]},
+        {"v": 0, "occurrences": []},
+        {"v": str(BODY_VERSION), "occurrences": []},
+        {"occurrences": [[AN_ID, AN_INSTANT]]},
+    ],
+    ids=["newer", "older", "text", "missing"],
+)
+def test_an_envelope_of_another_version_is_malformed(content):
+    with pytest.raises(MalformedEnvelope, match="not an envelope of version"):
+        decode_content(content)
+
+
+@pytest.mark.parametrize(
+    "content", [None, "text", 1, [BODY_VERSION, [[AN_ID, AN_INSTANT]]], [with_occurrences([])]], ids=repr
+)
+def test_an_argument_that_is_not_a_dict_is_malformed(content):
+    with pytest.raises(MalformedEnvelope, match="not an envelope of version"):
+        decode_content(content)
+
+
+@pytest.mark.parametrize(
+    "occurrences", [None, "0f6c1e1a", {AN_ID: AN_INSTANT}, (AN_ID, AN_INSTANT)], ids=["null", "text", "dict", "tuple"]
+)
+def test_an_envelope_without_an_occurrences_list_is_malformed(occurrences):
+    with pytest.raises(MalformedEnvelope, match="without an occurrences list"):
+        decode_content(with_occurrences(occurrences))
+
+
+def test_an_envelope_with_no_occurrences_key_at_all_is_malformed():
+    with pytest.raises(MalformedEnvelope, match="without an occurrences list"):
+        decode_content({"v": BODY_VERSION, "tenant_id": 7, "queue": STRICT_QUEUE})
+
+
+@pytest.mark.parametrize("occurrence_id", ["not-a-uuid", "", AN_ID[:-1], AN_ID + "0"])
+def test_an_entry_with_a_bad_occurrence_id_is_malformed(occurrence_id):
+    with pytest.raises(MalformedEnvelope, match="bad occurrence entry"):
+        decode_content(with_occurrences([[AN_ID, AN_INSTANT], [occurrence_id, AN_INSTANT]]))
+
+
+@pytest.mark.parametrize("occurrence_id", [12345, [AN_ID], {"id": AN_ID}], ids=["number", "list", "object"])
+def test_an_entry_whose_occurrence_id_is_not_text_is_malformed(occurrence_id):
+    with pytest.raises(MalformedEnvelope, match="bad occurrence entry"):
+        decode_content(with_occurrences([[occurrence_id, AN_INSTANT]]))
+
+
+@pytest.mark.parametrize(
+    "scheduled_for",
+    ["2026-06-01 12:00:00.000000", "2026-06-01T12:00:00.000000+00:00", "2026-13-01T12:00:00.000000Z", "", None, 0],
+    ids=["no-T-no-Z", "offset", "month-13", "empty", "null", "number"],
+)
+def test_an_entry_with_a_bad_timestamp_is_malformed(scheduled_for):
+    with pytest.raises(MalformedEnvelope, match="bad occurrence entry"):
+        decode_content(with_occurrences([[AN_ID, scheduled_for]]))
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [[AN_ID], [AN_ID, AN_INSTANT, "extra"], [], AN_ID, 5, None],
+    ids=["one", "three", "empty", "bare-id", "number", "null"],
+)
+def test_an_entry_that_is_not_an_id_and_instant_pair_is_malformed(entry):
+    with pytest.raises(MalformedEnvelope, match="bad occurrence entry"):
+        decode_content(with_occurrences([entry]))
