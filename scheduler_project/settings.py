@@ -204,3 +204,8 @@ SCHEDULER_HANDLER_TIMEOUT_SECONDS = env_float("SCHEDULER_HANDLER_TIMEOUT_SECONDS
 SCHEDULER_HANDLER_MODULES = env_list("SCHEDULER_HANDLER_MODULES", [])
 # Days of occurrences and attempts kept before prune_occurrences drops their partitions.
 SCHEDULER_RETENTION_DAYS = env_int("SCHEDULER_RETENTION_DAYS", 14, minimum=1)
+
+# Fault injection (dispatch/engine/faults.py): a crash point's name makes the process die there, at the
+# SCHEDULER_FAULT_AFTER-th pass. Empty (the default) in every real deployment.
+SCHEDULER_FAULT = env_str("SCHEDULER_FAULT", "")
+SCHEDULER_FAULT_AFTER = env_int("SCHEDULER_FAULT_AFTER", 1, minimum=1)

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
+from dispatch.engine.faults import crash_point
 from dispatch.engine.leases import reap_expired_leases
 from dispatch.engine.loop import StopFlag, default_process_name, monotonic, run_loop
 from dispatch.errors import ShardCountMismatch
@@ -168,9 +169,11 @@ class Materializer:
             if not rows:
                 return 0
             plans = [plan_schedule(DueSchedule(*row), now=now, horizon=self.horizon) for row in rows]
+            crash_point("materializer.before_insert")
             new_ids = self._insert_occurrences(cursor, plans, now)
             envelopes = self._insert_envelopes(cursor, plans, new_ids)
             self._advance_cursors(cursor, plans)
+        crash_point("materializer.after_commit")
         missed = sum(1 for p in plans for o in p.occurrences if o.state == OccurrenceState.MISSED)
         logger.info(
             "materialized %d schedules: %d new occurrences (%d missed) in %d envelopes",

@@ -23,6 +23,7 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from django.conf import settings
 from django.db import connection as django_connection
 
+from dispatch.engine.faults import crash_point
 from dispatch.engine.loop import Outage, StopFlag, default_process_name
 from dispatch.engine.timer import Claimed, PriorityTimer
 from dispatch.envelopes import message_headers, task_id_for
@@ -209,7 +210,10 @@ class Relay:
                     break
                 await asyncio.sleep(wait)
             if ids:
+                crash_point("relay.after_publish")
                 await self.db.execute(outbox_sql.MARK_PUBLISHED, {"ids": ids, "published_ats": stamps})
+        if ids:
+            crash_point("relay.after_stamp")
         if failed and not ids:
             raise PublishFailed(f"none of {failed} due envelopes could be published")
         self.stats.published_envelopes += len(ids)

@@ -28,6 +28,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from prometheus_client import Counter, Histogram
 
+from dispatch.engine.faults import crash_point
 from dispatch.engine.leases import lease_renewer
 from dispatch.engine.retry import ERROR_MAX_CHARS, RunResult, backoff_for, classify
 from dispatch.handlers import get_handler
@@ -395,4 +396,7 @@ def process_occurrence(
     outcome = try_claim(occurrence_id, scheduled_for, worker_name)
     if isinstance(outcome, Drop):
         return "dropped"
-    return complete(outcome, run_claimed(outcome, cancel_event))
+    crash_point("worker.after_claim")
+    result = run_claimed(outcome, cancel_event)
+    crash_point("worker.after_effect")
+    return complete(outcome, result)
