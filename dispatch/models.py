@@ -65,6 +65,10 @@ class Occurrence(models.Model):
     # schedule has moved to a newer version since (a canceled schedule still wins).
     forced = models.BooleanField(default=False)
     state = models.CharField(max_length=16, choices=OccurrenceState.choices, default=OccurrenceState.SCHEDULED)
+    # Why the occurrence is in its state when that is not obvious: which rule made it missed, skipped or canceled,
+    # in words an operator can act on ("late by 612 s > max lateness 60 s (skip)"). Empty for the ordinary path;
+    # a database default, so the raw multi-row inserts of the hot path need not name it.
+    state_reason = models.TextField(blank=True, db_default="")
     # Doubles as the fencing generation: a claim increments it; completion must present the same number.
     attempt_count = models.PositiveSmallIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
