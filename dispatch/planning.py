@@ -27,7 +27,8 @@ def spread(count: int, per_minute: int) -> list[timedelta]:
 
 
 # Upper bound of fires planned for one schedule in one batch: a schedule far behind (after an outage) is
-# walked forward in chunks across batches instead of stalling one transaction.
+# walked forward in chunks across batches instead of stalling one transaction. A catch-up that keeps more late
+# fires than this gets a larger chunk (see fire_cap).
 MAX_FIRES_PER_SCHEDULE = 500
 
 
@@ -62,6 +63,7 @@ class PlannedOccurrence:
     scheduled_for: datetime
     available_at: datetime
     state: str  # scheduled (goes to the queue) or missed (recorded, never enqueued)
+    reason: str = ""  # why a fire is missed, in words an operator can act on (Occurrence.state_reason)
 
 
 @dataclass
@@ -76,35 +78,60 @@ class Plan:
         return [o for o in self.occurrences if o.state == OccurrenceState.SCHEDULED]
 
 
+def kept_late_fires(schedule: DueSchedule) -> int:
+    """How many of the latest late fires the misfire policy emits: none (skip), one (fire_once) or K (catch_up)."""
+    if schedule.misfire_policy == "fire_once":
+        return 1
+    if schedule.misfire_policy == "catch_up":
+        return schedule.catchup_limit
+    return 0
+
+
+def fire_cap(schedule: DueSchedule) -> int:
+    """The most fires one batch plans for `schedule`. A chunk holds the K kept late fires and one more, so the
+    batch that reaches the lateness limit emits (and paces) all K together: split over two batches, each would pace
+    its share from its own "now" and the tenant's catch-up rate would be exceeded."""
+    return max(MAX_FIRES_PER_SCHEDULE, kept_late_fires(schedule) + 1)
+
+
 def plan_schedule(schedule: DueSchedule, *, now: datetime, horizon: timedelta) -> Plan:
     """Plan the fires of `schedule` from its durable cursor up to now + horizon (ARCHITECTURE rules 2, 7, 10).
 
     1. Walk fires from the cursor (never from "now": an outage must not silently drop fires) up to the horizon,
-       at most MAX_FIRES_PER_SCHEDULE of them.
-    2. Fires later than max_lateness are misfires; the policy decides: skip → all missed; fire_once → only the
-       latest one is emitted; catch_up → the latest `catchup_limit` are emitted, paced by the tenant quota.
-       When the walk was cut short and is still in the past, every fire of this chunk is missed for fire_once and
-       catch_up: the emitted ones must be the latest, and those lie in a later chunk.
-    3. Emitted fires get available_at = scheduled_for (strict) or + deterministic jitter (flexible); emitted
-       misfires are released from now on.
+       at most fire_cap of them.
+    2. Fires later than max_lateness are misfires; the policy keeps the latest K of them (skip 0, fire_once 1,
+       catch_up `catchup_limit`) and records the rest missed, each with its reason.
+    3. A walk cut short in the past cannot tell which of its fires are among the latest K, so it looks ahead from
+       its end: if fewer than K late fires follow, the chunk ends just before the first kept one. Its fires are
+       then certainly not kept (missed), and the next batch walks every kept fire in one chunk.
+    4. Emitted fires get available_at = scheduled_for (strict) or + deterministic jitter (flexible); kept
+       misfires are released from now on, paced by the tenant's catch-up quota.
+
+    Across the batches of one catch-up at one "now", exactly min(K, late fires) are emitted. If "now" moves
+    between batches, more fires are late; a fire recorded missed earlier is still not among the latest K.
     """
     rule = schedule.rule
     horizon_end = now + horizon
+    lateness_limit = now - timedelta(seconds=schedule.max_lateness_seconds)
+    keep = kept_late_fires(schedule)
+    cap = fire_cap(schedule)
     fires: list[datetime] = []
     cursor: datetime | None = schedule.next_run_at
-    while cursor is not None and cursor <= horizon_end and len(fires) < MAX_FIRES_PER_SCHEDULE:
+    while cursor is not None and cursor <= horizon_end and len(fires) < cap:
         fires.append(cursor)
         cursor = rule.next_after(cursor) if schedule.kind == "cron" else None
 
-    lateness_limit = now - timedelta(seconds=schedule.max_lateness_seconds)
-    late = [fire for fire in fires if fire < lateness_limit]
     truncated_in_past = cursor is not None and cursor < lateness_limit
-    emitted_late: list[datetime] = []
-    if late and not truncated_in_past:
-        if schedule.misfire_policy == "fire_once":
-            emitted_late = late[-1:]
-        elif schedule.misfire_policy == "catch_up" and schedule.catchup_limit > 0:
-            emitted_late = late[-schedule.catchup_limit :]
+    if truncated_in_past and keep:
+        following = _count_late_fires(schedule, cursor, lateness_limit, at_most=keep)
+        if following < keep:
+            # Every walked fire is late here and the chunk is full (cap > keep), so the cut keeps at least one fire:
+            # the cursor always moves forward.
+            cut = len(fires) - (keep - following)
+            fires, cursor = fires[:cut], fires[cut]
+
+    late = [fire for fire in fires if fire < lateness_limit]
+    emitted_late = late[-keep:] if late and keep and not truncated_in_past else []
     late_release = dict(zip(emitted_late, spread(len(emitted_late), schedule.catchup_per_minute), strict=True))
 
     plan = Plan(schedule=schedule, new_cursor=cursor, completed=cursor is None)
@@ -115,10 +142,30 @@ def plan_schedule(schedule: DueSchedule, *, now: datetime, horizon: timedelta) -
                 PlannedOccurrence(occurrence_id, fire, now + late_release[fire], OccurrenceState.SCHEDULED)
             )
         elif fire < lateness_limit:
-            plan.occurrences.append(PlannedOccurrence(occurrence_id, fire, fire, OccurrenceState.MISSED))
+            plan.occurrences.append(
+                PlannedOccurrence(occurrence_id, fire, fire, OccurrenceState.MISSED, _miss_reason(schedule, fire, now))
+            )
         else:
             available_at = fire
             if schedule.lane == "flexible":
                 available_at = fire + flexible_offset(occurrence_id, schedule.flexible_window_seconds)
             plan.occurrences.append(PlannedOccurrence(occurrence_id, fire, available_at, OccurrenceState.SCHEDULED))
     return plan
+
+
+def _count_late_fires(schedule: DueSchedule, fire: datetime | None, lateness_limit: datetime, *, at_most: int) -> int:
+    """Late fires from `fire` on, counting no further than `at_most`: the look-ahead costs at most K steps."""
+    count = 0
+    while fire is not None and fire < lateness_limit and count < at_most:
+        count += 1
+        fire = schedule.rule.next_after(fire)
+    return count
+
+
+def _miss_reason(schedule: DueSchedule, fire: datetime, now: datetime) -> str:
+    late_by = f"late by {int((now - fire).total_seconds())} s > max lateness {schedule.max_lateness_seconds} s"
+    if schedule.misfire_policy == "fire_once":
+        return f"{late_by} (fire_once keeps only the latest late fire)"
+    if schedule.misfire_policy == "catch_up":
+        return f"{late_by} (catch_up keeps the latest {schedule.catchup_limit} late fires)"
+    return f"{late_by} ({schedule.misfire_policy})"

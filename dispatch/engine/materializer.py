@@ -3,7 +3,7 @@
 Each process leases a fair share of the logical shards and, per batch, in ONE transaction (ARCHITECTURE rule 3):
 1. confirms its leases (owner + generation) and holds them FOR SHARE until commit (fencing);
 2. locks the due schedules of those shards (next_run_at <= now + horizon), SKIP LOCKED;
-3. plans fires with the misfire policy and lanes (dispatch/planning.py);
+3. plans fires with the misfire policy and lanes (dispatch/planning.py), at most MAX_FIRES_PER_BATCH in all;
 4. inserts the occurrences (conflicts ignored) and outbox envelopes for the new, enqueueable ones;
 5. advances each cursor only where version and old cursor still match; a fired one-off becomes completed.
 """
@@ -26,7 +26,7 @@ from dispatch.errors import ShardCountMismatch
 from dispatch.models import OccurrenceState
 from dispatch.outbox import Fire, enqueue
 from dispatch.partitions import ensure_partitions
-from dispatch.planning import DueSchedule, Plan, plan_schedule
+from dispatch.planning import DueSchedule, Plan, fire_cap, plan_schedule
 from dispatch.sql import leases as lease_sql
 from dispatch.sql import materialize as materialize_sql
 from schedules.clock import db_now
@@ -34,6 +34,12 @@ from schedules.clock import db_now
 logger = logging.getLogger(__name__)
 
 ROLE = "materializer"
+
+# Most fires one batch plans across its schedules. After a long outage every due schedule is far behind, and
+# batch_size x MAX_FIRES_PER_SCHEDULE fires (a million) in one transaction took 29 s of CPU and 223 MiB. The
+# schedules past the bound keep their cursors (their row locks end at commit) and the next batches take them, oldest
+# cursor first. A constant, not a setting: it bounds memory and transaction length, not a policy anyone tunes.
+MAX_FIRES_PER_BATCH = 20_000
 
 
 class Materializer:
@@ -168,7 +174,7 @@ class Materializer:
             rows = cursor.fetchall()
             if not rows:
                 return 0
-            plans = [plan_schedule(DueSchedule(*row), now=now, horizon=self.horizon) for row in rows]
+            plans = self._plan(rows, now)
             crash_point("materializer.before_insert")
             new_ids = self._insert_occurrences(cursor, plans, now)
             envelopes = self._insert_envelopes(cursor, plans, new_ids)
@@ -183,7 +189,29 @@ class Materializer:
             envelopes,
             extra={"action": "materialize_batch"},
         )
+        if len(plans) < len(rows):
+            logger.info(
+                "deferred %d due schedules to the next batch: %d fires planned, bound %d",
+                len(rows) - len(plans),
+                sum(len(p.occurrences) for p in plans),
+                MAX_FIRES_PER_BATCH,
+                extra={"action": "materialize_deferred"},
+            )
         return len(plans)
+
+    def _plan(self, rows: list[tuple], now: datetime) -> list[Plan]:
+        """Plan due schedules in scan order while a worst-case chunk of the next one still fits the bound, so a
+        batch never plans more than MAX_FIRES_PER_BATCH. The first is always planned: a batch makes progress."""
+        plans: list[Plan] = []
+        planned = 0
+        for row in rows:
+            schedule = DueSchedule(*row)
+            if plans and planned + fire_cap(schedule) > MAX_FIRES_PER_BATCH:
+                break
+            plan = plan_schedule(schedule, now=now, horizon=self.horizon)
+            plans.append(plan)
+            planned += len(plan.occurrences)
+        return plans
 
     @staticmethod
     def _insert_occurrences(cursor, plans: list[Plan], now: datetime) -> set[uuid.UUID]:
@@ -199,6 +227,7 @@ class Materializer:
                 "lanes",
                 "priorities",
                 "states",
+                "state_reasons",
             )
         }
         for plan in plans:
@@ -213,6 +242,7 @@ class Materializer:
                 columns["lanes"].append(s.lane)
                 columns["priorities"].append(s.priority)
                 columns["states"].append(occurrence.state)
+                columns["state_reasons"].append(occurrence.reason)
         if not columns["occurrence_ids"]:
             return set()
         cursor.execute(materialize_sql.INSERT_OCCURRENCES, {**columns, "now": now})

@@ -31,18 +31,19 @@ LIMIT %(limit)s
 
 # ON CONFLICT DO NOTHING on the unique fire (schedule, version, scheduled_for): a second materializer during a
 # lease hand-over, a backfill or a replayed batch meets the existing row. RETURNING tells which rows are new, so
-# only those get outbox entries.
+# only those get outbox entries. state_reason says why a fire was missed ('' on the ordinary path).
 INSERT_OCCURRENCES = """
 INSERT INTO dispatch_occurrence (
     occurrence_id, schedule_id, tenant_id, schedule_version, scheduled_for, available_at, lane, priority,
-    manual, state, attempt_count, finished_at, created_at)
+    manual, state, state_reason, attempt_count, finished_at, created_at)
 SELECT u.occurrence_id, u.schedule_id, u.tenant_id, u.version, u.scheduled_for, u.available_at, u.lane,
-       u.priority, false, u.state, 0,
+       u.priority, false, u.state, u.state_reason, 0,
        CASE WHEN u.state = 'missed' THEN %(now)s::timestamptz END, %(now)s::timestamptz
 FROM unnest(%(occurrence_ids)s::uuid[], %(schedule_ids)s::uuid[], %(tenant_ids)s::bigint[], %(versions)s::int[],
             %(scheduled_fors)s::timestamptz[], %(available_ats)s::timestamptz[], %(lanes)s::text[],
-            %(priorities)s::smallint[], %(states)s::text[])
-     AS u(occurrence_id, schedule_id, tenant_id, version, scheduled_for, available_at, lane, priority, state)
+            %(priorities)s::smallint[], %(states)s::text[], %(state_reasons)s::text[])
+     AS u(occurrence_id, schedule_id, tenant_id, version, scheduled_for, available_at, lane, priority, state,
+          state_reason)
 ON CONFLICT DO NOTHING
 RETURNING occurrence_id
 """

@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dispatch.bench.burst import BenchRefused, BurstBenchmark, BurstConfig
+from dispatch.bench.drain import DrainBenchmark, DrainConfig
 from dispatch.bench.peer_beat import (
     INSTALL_HINT,
     PeerBeatBenchmark,
@@ -23,7 +24,8 @@ from dispatch.bench.processes import result_line
 class Command(BaseCommand):
     help = (
         "Benchmarks. `bench burst`: N fires due at one instant through the real materializer and relay. "
-        "`bench peer-beat`: the same N tasks under django-celery-beat, for comparison."
+        "`bench drain`: the burst through real workers. `bench peer-beat`: the same N tasks under django-celery-beat, "
+        "for comparison."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -38,6 +40,16 @@ class Command(BaseCommand):
         burst.add_argument("--deadline", type=float, default=120.0, help="seconds after T0 before giving up")
         burst.add_argument("--keep", action="store_true", help="keep the bench rows for inspection")
         burst.add_argument("--lags-out", type=Path, default=None, help="write each fire's lag (s), one per line")
+        drain = sub.add_parser("drain", help="the burst through real workers: execution rate and lag to the effect")
+        drain.add_argument("--occurrences", type=int, required=True, help="fires due at the same instant")
+        drain.add_argument("--workers", type=int, default=1, help="Celery worker processes")
+        drain.add_argument("--concurrency", type=int, default=1, help="pool processes per worker")
+        drain.add_argument("--tenants", type=int, default=1)
+        drain.add_argument("--materializers", type=int, default=1)
+        drain.add_argument("--relays", type=int, default=1)
+        drain.add_argument("--handler", choices=["bench_effect", "noop"], default="bench_effect")
+        drain.add_argument("--kill-one-of-each", action="store_true", help="SIGKILL a materializer, relay and worker")
+        drain.add_argument("--deadline", type=float, default=300.0, help="seconds after T0 before giving up")
         peer = sub.add_parser(
             "peer-beat",
             help="the same burst under django-celery-beat's DatabaseScheduler (needs requirements-bench.txt)",
@@ -49,6 +61,8 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         if options["bench"] == "burst":
             self.handle_burst(options)
+        elif options["bench"] == "drain":
+            self.handle_drain(options)
         elif options["bench"] == "peer-beat":
             self.handle_peer_beat(options)
 
@@ -73,6 +87,33 @@ class Command(BaseCommand):
         )
         try:
             result = BurstBenchmark(config, out=self.stdout).run()
+        except BenchRefused as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(result_line(result))
+
+    def handle_drain(self, options: dict[str, Any]) -> None:
+        for name in ("occurrences", "workers", "concurrency", "tenants", "materializers", "relays"):
+            if options[name] < 1:
+                raise CommandError(f"--{name} must be at least 1")
+        if options["tenants"] > 50:
+            raise CommandError("--tenants is limited to 50 (each bench tenant gets its own schema)")
+        if options["kill_one_of_each"] and min(options["materializers"], options["relays"], options["workers"]) < 2:
+            raise CommandError("--kill-one-of-each needs at least 2 materializers, 2 relays and 2 workers")
+        config = DrainConfig(
+            schedules=options["occurrences"],
+            tenants=options["tenants"],
+            materializers=options["materializers"],
+            relays=options["relays"],
+            workers=options["workers"],
+            concurrency=options["concurrency"],
+            kill_one_of_each=options["kill_one_of_each"],
+            deadline_seconds=options["deadline"],
+            drain_deadline_seconds=options["deadline"],
+        )
+        bench = DrainBenchmark(config, out=self.stdout)
+        bench.handler = options["handler"]
+        try:
+            result = bench.run()
         except BenchRefused as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(result_line(result))
