@@ -20,6 +20,10 @@ def occurrence_id_for(schedule_id: uuid.UUID, version: int, scheduled_for: datet
     return uuid.uuid5(OCCURRENCE_NAMESPACE, f"{schedule_id}/{version}/{utc_key(scheduled_for)}")
 
 
-def manual_occurrence_id_for(schedule_id: uuid.UUID, version: int, trigger_key: str) -> uuid.UUID:
-    """A manual fire's id: derived from the caller's Idempotency-Key, or from the trigger instant without one."""
-    return uuid.uuid5(OCCURRENCE_NAMESPACE, f"{schedule_id}/{version}/manual/{trigger_key}")
+def manual_occurrence_id_for(schedule_id: uuid.UUID, trigger_key: str) -> uuid.UUID:
+    """A manual fire's id: derived from the caller's Idempotency-Key, or from the trigger instant without one.
+
+    No version in it: the same key on the same schedule is the same business request after any PATCH, pause or
+    resume, so it must meet the same occurrence (one effect), not mint a new one.
+    """
+    return uuid.uuid5(OCCURRENCE_NAMESPACE, f"{schedule_id}/manual/{trigger_key}")

@@ -49,7 +49,7 @@ def _enqueue_one(occurrence: Occurrence, *, available_at: datetime) -> None:
 
 
 def invalidate_unclaimed_occurrences(
-    schedule_id: uuid.UUID, below_version: int, now: datetime, *, include_forced: bool = True
+    schedule_id: uuid.UUID, below_version: int, now: datetime, *, include_forced: bool = True, reason: str = ""
 ) -> int:
     """Cancel occurrences of older versions that no worker has claimed yet (ARCHITECTURE rule 9).
 
@@ -61,7 +61,7 @@ def invalidate_unclaimed_occurrences(
     )
     if not include_forced:
         withdrawn = withdrawn.exclude(forced=True)
-    canceled = withdrawn.update(state=OccurrenceState.CANCELED, finished_at=now)
+    canceled = withdrawn.update(state=OccurrenceState.CANCELED, finished_at=now, state_reason=reason)
     if canceled:
         with connection.cursor() as cursor:
             cursor.execute(outbox_sql.BUMP_INVALIDATION)
@@ -124,7 +124,7 @@ def in_flight_occurrences(schedule_id: uuid.UUID) -> list[InFlight]:
 def trigger_manual_occurrence(schedule, *, now: datetime, trigger_key: str | None = None) -> uuid.UUID:
     """A fire now, outside the cron rhythm. With a caller key the same key always yields the same occurrence."""
     key = trigger_key if trigger_key else now.isoformat()
-    occurrence_id = manual_occurrence_id_for(schedule.id, schedule.version, key)
+    occurrence_id = manual_occurrence_id_for(schedule.id, key)
     with transaction.atomic():
         occurrence, created = Occurrence.objects.get_or_create(
             occurrence_id=occurrence_id,
@@ -137,6 +137,9 @@ def trigger_manual_occurrence(schedule, *, now: datetime, trigger_key: str | Non
                 "lane": schedule.lane,
                 "priority": schedule.priority,
                 "manual": True,
+                # Accepted with 202, it is not an older version's future fire: an update or pause does not withdraw
+                # it and the worker runs it under its own version; only a cancel does (and says so).
+                "forced": True,
             },
         )
         if created:

@@ -228,16 +228,29 @@ def _lock_for_change(schedule: Schedule, now: datetime) -> Schedule:
     return locked
 
 
+# How a change reads in the reason of the occurrences it withdrew.
+WITHDRAWN_BY = {
+    VersionChange.UPDATE: "updated",
+    VersionChange.PAUSE: "paused",
+    VersionChange.RESUME: "resumed",
+    VersionChange.CANCEL: "canceled",
+}
+
+
 def _bump(schedule: Schedule, change: str, actor: str, now: datetime) -> None:
     """Save a new version and withdraw what older versions left unclaimed (ARCHITECTURE rule 9).
 
-    Backfilled and replayed occurrences (forced) survive an update or pause, which they predate by design;
-    a cancel withdraws them too."""
+    Backfilled, replayed and manually triggered occurrences (forced) survive an update or pause, which they
+    predate by design; a cancel withdraws them too."""
     schedule.version += 1
     schedule.save()
     _record_version(schedule, change, actor, now)
     dispatch_occurrences.invalidate_unclaimed_occurrences(
-        schedule.id, schedule.version, now, include_forced=change == VersionChange.CANCEL
+        schedule.id,
+        schedule.version,
+        now,
+        include_forced=change == VersionChange.CANCEL,
+        reason=f"withdrawn: schedule {WITHDRAWN_BY[change]} (version {schedule.version})",
     )
 
 
