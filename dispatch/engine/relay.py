@@ -149,8 +149,9 @@ class Relay:
         """Publish what is due, then settle a bounded batch of published envelopes. True if anything was done.
 
         Settling only when nothing was due would starve it under continuous traffic (the outbox would grow and
-        enqueued_at stay empty exactly under load), so it also runs once a second while publishing. Raises PublishFailed when envelopes
-        were due and none could be published, so the loop backs off instead of spinning on a dead channel.
+        enqueued_at stay empty exactly under load), so it also runs once a second while publishing. Raises
+        PublishFailed when envelopes were due and none could be published, so the loop backs off instead of
+        spinning on a dead channel.
         """
         claimed = await self.publish_due()
         settled = 0
