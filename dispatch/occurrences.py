@@ -6,19 +6,21 @@ console and the `replay` command for the DLQ. Every transition is a conditional 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
 from dispatch.errors import ReplayRefused
-from dispatch.identity import manual_occurrence_id_for, occurrence_id_for
+from dispatch.identity import manual_occurrence_id_for
 from dispatch.models import IN_FLIGHT_STATES, UNCLAIMED_STATES, Occurrence, OccurrenceState
 from dispatch.outbox import Fire, enqueue
+from dispatch.planning import DueSchedule, PlannedOccurrence, plan_schedule
 from dispatch.sql import maintenance as maintenance_sql
 from dispatch.sql import outbox as outbox_sql
 from dispatch.stuck import DEFAULT_STUCK_AFTER_SECONDS, stuck_pages
@@ -49,7 +51,13 @@ def _enqueue_one(occurrence: Occurrence, *, available_at: datetime) -> None:
 
 
 def invalidate_unclaimed_occurrences(
-    schedule_id: uuid.UUID, below_version: int, now: datetime, *, include_forced: bool = True, reason: str = ""
+    schedule_id: uuid.UUID,
+    below_version: int,
+    now: datetime,
+    *,
+    include_forced: bool = True,
+    reason: str = "",
+    keep_due_at: datetime | None = None,
 ) -> int:
     """Cancel occurrences of older versions that no worker has claimed yet (ARCHITECTURE rule 9).
 
@@ -59,6 +67,10 @@ def invalidate_unclaimed_occurrences(
     withdrawn = Occurrence.objects.filter(
         schedule_id=schedule_id, schedule_version__lt=below_version, state__in=UNCLAIMED_STATES
     )
+    if keep_due_at is not None:
+        # Fires due by then keep their slot: forced, so the worker's version re-check lets them run.
+        withdrawn.filter(scheduled_for__lte=keep_due_at).update(forced=True)
+        withdrawn = withdrawn.filter(scheduled_for__gt=keep_due_at)
     if not include_forced:
         withdrawn = withdrawn.exclude(forced=True)
     canceled = withdrawn.update(state=OccurrenceState.CANCELED, finished_at=now, state_reason=reason)
@@ -75,42 +87,92 @@ def invalidate_unclaimed_occurrences(
     return canceled
 
 
-# Bound on the owed fires recorded in one API call; a schedule further behind is left to the reconciler.
+# Bound on the owed fires produced in one API call; a schedule further behind is left to the reconciler.
 MAX_OWED_FIRES = 10_000
 
 
-def record_owed_fires_as_missed(schedule, *, until: datetime) -> int:
-    """Record the current version's unmaterialized fires from its cursor up to `until` as missed rows."""
-    fires: list[datetime] = []
-    cursor = schedule.next_run_at
-    rule = schedule.time_rule
-    while cursor is not None and cursor <= until and len(fires) < MAX_OWED_FIRES:
-        fires.append(cursor)
-        cursor = rule.next_after(cursor) if schedule.kind == "cron" else None
-    rows = [
-        Occurrence(
-            occurrence_id=occurrence_id_for(schedule.id, schedule.version, fire),
-            schedule_id=schedule.id,
+def materialize_owed_fires(schedule, *, now: datetime) -> int:
+    """Produce the fires the current version still owes up to `now` (the materializer was behind) before a change
+    moves the cursor on, exactly as the materializer would have: the misfire policy decides which are delivered
+    and which are recorded missed (with the reason). Delivered ones are forced, so the change that follows does
+    not withdraw them: they were due before it. Returns how many rows were written.
+
+    The caller holds the schedule's row lock, so the materializer (SKIP LOCKED) cannot plan this schedule at the
+    same time; fires it already wrote keep their rows.
+    """
+    due = DueSchedule(
+        id=schedule.id,
+        tenant_id=schedule.tenant_id,
+        kind=schedule.kind,
+        cron=schedule.cron,
+        run_at=schedule.run_at,
+        timezone=schedule.timezone,
+        version=schedule.version,
+        next_run_at=schedule.next_run_at,
+        lane=schedule.lane,
+        flexible_window_seconds=schedule.flexible_window_seconds,
+        priority=schedule.priority,
+        misfire_policy=schedule.misfire_policy,
+        max_lateness_seconds=schedule.max_lateness_seconds,
+        catchup_limit=schedule.catchup_limit,
+        catchup_per_minute=schedule.tenant.max_catchup_per_minute,
+    )
+    planned: list[PlannedOccurrence] = []
+    while due.next_run_at is not None and due.next_run_at <= now and len(planned) < MAX_OWED_FIRES:
+        plan = plan_schedule(due, now=now, horizon=timedelta(0))
+        planned.extend(plan.occurrences)
+        if plan.new_cursor is None or plan.new_cursor == due.next_run_at:
+            break
+        due = dataclasses.replace(due, next_run_at=plan.new_cursor)
+    existing = set(
+        Occurrence.objects.filter(occurrence_id__in=[p.occurrence_id for p in planned]).values_list(
+            "occurrence_id", flat=True
+        )
+    )
+    new = [p for p in planned if p.occurrence_id not in existing]
+    Occurrence.objects.bulk_create(
+        [
+            Occurrence(
+                occurrence_id=p.occurrence_id,
+                schedule_id=schedule.id,
+                tenant_id=schedule.tenant_id,
+                schedule_version=schedule.version,
+                scheduled_for=p.scheduled_for,
+                available_at=p.available_at,
+                lane=schedule.lane,
+                priority=schedule.priority,
+                state=p.state,
+                forced=p.state == OccurrenceState.SCHEDULED,
+                finished_at=now if p.state == OccurrenceState.MISSED else None,
+                state_reason=getattr(p, "reason", "") or "",
+            )
+            for p in new
+        ]
+    )
+    fires = [
+        Fire.for_lane(
+            p.occurrence_id,
+            p.scheduled_for,
             tenant_id=schedule.tenant_id,
-            schedule_version=schedule.version,
-            scheduled_for=fire,
-            available_at=fire,
             lane=schedule.lane,
+            available_at=p.available_at,
             priority=schedule.priority,
-            state=OccurrenceState.MISSED,
-            finished_at=until,
         )
-        for fire in fires
+        for p in new
+        if p.state == OccurrenceState.SCHEDULED
     ]
-    Occurrence.objects.bulk_create(rows, ignore_conflicts=True)
-    if rows:
+    with connection.cursor() as cursor:
+        enqueue(cursor, fires)
+    if new:
         logger.warning(
-            "schedule %s changed with %d fires not yet materialized; recorded as missed",
+            "schedule %s changed with %d fires not yet materialized: %d delivered, %d missed by its misfire policy",
             schedule.id,
-            len(rows),
-            extra={"action": "owed_fires_missed"},
+            len(new),
+            len(fires),
+            len(new) - len(fires),
+            extra={"action": "owed_fires"},
         )
-    return len(rows)
+    return len(new)
 
 
 def in_flight_occurrences(schedule_id: uuid.UUID) -> list[InFlight]:

@@ -220,16 +220,16 @@ def _locked(schedule: Schedule) -> Schedule:
 
 def _lock_for_change(schedule: Schedule, now: datetime) -> Schedule:
     """Lock the row for a new version. Fires the current version still owes up to now (the materializer was
-    behind) are first recorded as missed: the cursor is about to move on, and a fire without a row would be a
-    silent omission (ARCHITECTURE rule 7)."""
+    behind) are first produced under its misfire policy, as the materializer would have: the cursor is about to
+    move on, and a fire without a row would be a silent omission (ARCHITECTURE rule 7)."""
     locked = _locked(schedule)
     if locked.state == ScheduleState.ACTIVE and locked.next_run_at is not None and locked.next_run_at <= now:
-        dispatch_occurrences.record_owed_fires_as_missed(locked, until=now)
+        dispatch_occurrences.materialize_owed_fires(locked, now=now)
     return locked
 
 
 # How a change reads in the reason of the occurrences it withdrew.
-WITHDRAWN_BY = {
+WITHDRAWN_BY: dict[str, str] = {
     VersionChange.UPDATE: "updated",
     VersionChange.PAUSE: "paused",
     VersionChange.RESUME: "resumed",
@@ -251,6 +251,9 @@ def _bump(schedule: Schedule, change: str, actor: str, now: datetime) -> None:
         now,
         include_forced=change == VersionChange.CANCEL,
         reason=f"withdrawn: schedule {WITHDRAWN_BY[change]} (version {schedule.version})",
+        # A change affects only the fires after it: what was already due keeps its slot (on the flexible lane its
+        # jittered release may still lie ahead) and runs. A cancel withdraws everything not yet claimed.
+        keep_due_at=None if change == VersionChange.CANCEL else now,
     )
 
 

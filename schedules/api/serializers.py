@@ -16,8 +16,12 @@ from schedules.models import DEFINITION_FIELDS, Kind, Lane, MisfirePolicy, Overl
 from schedules.services import MAX_PREVIEW_COUNT, NUMERIC_RANGES
 from schedules.timerules import local_time
 
-# Keys a client may send back from a GET without meaning to change them: ignored on input.
+# Keys the server sets. A PATCH may send them back from a GET unchanged (ignored); a different value is a 400, not a
+# silent no-op: `{"state": "paused"}` answered 200 and bumped the version without pausing anything.
 READ_ONLY_KEYS = frozenset({"id", "state", "version", "next_run_at", "created_at", "updated_at"})
+READ_ONLY_HINTS = {
+    "state": "Read-only: change it with POST .../pause/, .../resume/ or .../cancel/.",
+}
 # Instants accepted on input. Outside them zone conversion overflows datetime (year 1 or 9999 with an offset)
 # and a preview of up to 100 fires of a rare rule (29 February) would walk past year 9999.
 EARLIEST_INSTANT = datetime(1900, 1, 1, tzinfo=UTC)
@@ -124,12 +128,23 @@ class ScheduleInputSerializer(serializers.Serializer):
             unknown = sorted(set(data) - set(DEFINITION_FIELDS) - READ_ONLY_KEYS - self.extra_keys())
             if unknown:
                 raise serializers.ValidationError({_printable(key): ["Unknown field."] for key in unknown})
+            self._refuse_read_only_changes(data)
         values = super().to_internal_value(data)
         kept = set(DEFINITION_FIELDS) | self.extra_keys()
         return {key: value for key, value in values.items() if key in kept}
 
     def extra_keys(self) -> set[str]:
         return set()
+
+    def _refuse_read_only_changes(self, data: dict[str, Any]) -> None:
+        """Read-only keys may only repeat the stored value (context "current": the schedule as the API shows it);
+        without a stored schedule (create, preview) they are refused."""
+        current = self.context.get("current")
+        changed = sorted(key for key in READ_ONLY_KEYS & set(data) if current is None or data[key] != current.get(key))
+        if changed:
+            raise serializers.ValidationError(
+                {key: [READ_ONLY_HINTS.get(key, "Read-only: set by the server.")] for key in changed}
+            )
 
 
 class PreviewInputSerializer(ScheduleInputSerializer):

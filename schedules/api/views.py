@@ -90,9 +90,10 @@ class ScheduleViewSet(
 
     @extend_schema(request=ScheduleInputSerializer, responses=ScheduleSerializer)
     def partial_update(self, request: Request, pk: str | None = None) -> Response:
-        body = ScheduleInputSerializer(data=request.data)
+        schedule = self.get_object()
+        body = ScheduleInputSerializer(data=request.data, context={"current": ScheduleSerializer(schedule).data})
         body.is_valid(raise_exception=True)
-        schedule = services.update_schedule(self.get_object(), body.validated_data, actor=actor_of(request))
+        schedule = services.update_schedule(schedule, body.validated_data, actor=actor_of(request))
         return Response(ScheduleSerializer(schedule).data)
 
     @extend_schema(request=None, responses=ScheduleSerializer)

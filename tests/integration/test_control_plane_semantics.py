@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dispatch.models import Occurrence, OccurrenceState
+from datetime import timedelta
+
+from dispatch.models import Occurrence, OccurrenceState, OutboxMessage
 
 SCHEDULES = "/api/v1/schedules/"
 
@@ -54,3 +56,88 @@ def test_a_cancel_withdraws_an_unclaimed_manual_trigger_and_says_why(api_a, cron
     occurrence = Occurrence.objects.get(occurrence_id=triggered)
     assert occurrence.state == OccurrenceState.CANCELED
     assert "canceled" in occurrence.state_reason
+
+
+def test_a_patch_that_sets_a_read_only_field_is_refused_and_changes_nothing(api_a, cron_body):
+    created = create(api_a, cron_body)
+
+    response = api_a.patch(url(created), {"state": "paused"}, format="json")
+
+    assert response.status_code == 400
+    assert "pause/" in response.json()["state"][0]
+    after = api_a.get(url(created)).json()
+    assert (after["state"], after["version"]) == ("active", 1)
+
+
+def test_a_create_with_a_read_only_field_is_refused(api_a, cron_body):
+    response = api_a.post(SCHEDULES, {**cron_body, "version": 7}, format="json")
+    assert response.status_code == 400
+    assert "version" in response.json()
+
+
+# --- changes while the materializer is behind (items 5 and 6) ---------------------------------------------------
+
+
+def behind(schedule_id: str, minutes: int) -> None:
+    """As if the materializer had been down: the cursor still points `minutes` fires back."""
+    from schedules.clock import db_now
+    from schedules.models import Schedule
+
+    now = db_now().replace(second=0, microsecond=0)
+    Schedule.objects.filter(pk=schedule_id).update(next_run_at=now - timedelta(minutes=minutes))
+
+
+def test_owed_fires_of_a_catch_up_schedule_are_delivered_not_missed_when_it_is_patched(api_a, cron_body):
+    created = create(
+        api_a,
+        {**cron_body, "cron": "* * * * *", "misfire_policy": "catch_up", "max_lateness_seconds": 3600},
+    )
+    behind(created["id"], 5)
+
+    assert api_a.patch(url(created), {"name": "renamed"}, format="json").status_code == 200
+
+    owed = Occurrence.objects.filter(schedule_id=created["id"], schedule_version=1)
+    assert owed.count() >= 5
+    assert not owed.filter(state=OccurrenceState.MISSED).exists(), "on time for its policy: delivered"
+    for occurrence in owed:
+        assert occurrence.forced, "the PATCH that follows does not withdraw a fire that was already due"
+        assert OutboxMessage.objects.filter(occurrence_ids__contains=[occurrence.occurrence_id]).exists()
+
+
+def test_owed_fires_past_max_lateness_of_a_skip_schedule_are_missed_with_their_reason(api_a, cron_body):
+    created = create(api_a, {**cron_body, "cron": "* * * * *", "misfire_policy": "skip", "max_lateness_seconds": 90})
+    behind(created["id"], 5)
+    from schedules.clock import db_now
+
+    paused_at = db_now()
+    api_a.post(url(created, "pause/"))
+
+    owed = list(Occurrence.objects.filter(schedule_id=created["id"], schedule_version=1))
+    assert len(owed) >= 5
+    for occurrence in owed:
+        late = (paused_at - occurrence.scheduled_for).total_seconds()
+        if late > 91:
+            assert occurrence.state == OccurrenceState.MISSED, late
+            assert "late" in occurrence.state_reason, occurrence.state_reason
+        elif late < 89:
+            assert occurrence.state == OccurrenceState.SCHEDULED, late
+    assert any(o.state == OccurrenceState.MISSED for o in owed) and any(o.state != "missed" for o in owed)
+
+
+def test_a_flexible_fire_already_due_keeps_its_jittered_slot_through_a_patch(api_a, cron_body, make_occurrence):
+    from schedules.clock import db_now
+    from schedules.models import Schedule
+
+    created = create(api_a, {**cron_body, "lane": "flexible", "cron": "* * * * *"})
+    schedule = Schedule.objects.get(pk=created["id"])
+    now = db_now()
+    due = make_occurrence(schedule, at=now - timedelta(seconds=10), available_at=now + timedelta(seconds=200))
+    future = make_occurrence(schedule, at=now + timedelta(seconds=50), available_at=now + timedelta(seconds=120))
+
+    api_a.patch(url(created), {"priority": 3}, format="json")
+
+    due.refresh_from_db()
+    future.refresh_from_db()
+    assert due.state == OccurrenceState.SCHEDULED and due.forced, "due before the change: keeps its slot"
+    assert due.available_at == now + timedelta(seconds=200)
+    assert future.state == OccurrenceState.CANCELED, "after the change: the new version decides"
