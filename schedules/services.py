@@ -395,7 +395,8 @@ def cancel_schedule(schedule: Schedule, *, actor: str, now: datetime | None = No
     with transaction.atomic():
         now = now or db_now()
         schedule = _lock_for_change(schedule, now)
-        if schedule.state != ScheduleState.CANCELED:
+        # A one-off that fired stays completed: canceling it now withdraws nothing and must not erase that it ran.
+        if schedule.state not in (ScheduleState.CANCELED, ScheduleState.COMPLETED):
             schedule.state = ScheduleState.CANCELED
             schedule.next_run_at = None
             _bump(schedule, VersionChange.CANCEL, actor, now)

@@ -141,3 +141,18 @@ def test_a_flexible_fire_already_due_keeps_its_jittered_slot_through_a_patch(api
     assert due.state == OccurrenceState.SCHEDULED and due.forced, "due before the change: keeps its slot"
     assert due.available_at == now + timedelta(seconds=200)
     assert future.state == OccurrenceState.CANCELED, "after the change: the new version decides"
+
+
+def test_cancel_of_a_completed_one_off_keeps_the_fact_that_it_fired(api_a):
+    from schedules.clock import db_now
+    from schedules.models import Schedule
+
+    run_at = (db_now() + timedelta(hours=1)).isoformat()
+    created = create(api_a, {"name": "once", "kind": "once", "run_at": run_at, "handler": "noop"})
+    Schedule.objects.filter(pk=created["id"]).update(state="completed", next_run_at=None)
+
+    response = api_a.post(url(created, "cancel/"))
+
+    assert response.status_code == 200
+    assert response.json()["schedule"]["state"] == "completed"
+    assert api_a.get(url(created)).json()["version"] == 1
