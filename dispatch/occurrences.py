@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 
 from dispatch.errors import ReplayRefused
-from dispatch.identity import manual_occurrence_id_for
+from dispatch.identity import manual_occurrence_id_for, occurrence_id_for
 from dispatch.models import IN_FLIGHT_STATES, UNCLAIMED_STATES, Occurrence, OccurrenceState
 from dispatch.outbox import Fire, enqueue
 from dispatch.planning import DueSchedule, PlannedOccurrence, plan_schedule
@@ -173,6 +173,28 @@ def materialize_owed_fires(schedule, *, now: datetime) -> int:
             extra={"action": "owed_fires"},
         )
     return len(new)
+
+
+def record_missed_fire(schedule, *, at: datetime, now: datetime, reason: str) -> None:
+    """Record one fire of the current version as missed, with why (a one-off whose time passed in a pause)."""
+    Occurrence.objects.bulk_create(
+        [
+            Occurrence(
+                occurrence_id=occurrence_id_for(schedule.id, schedule.version, at),
+                schedule_id=schedule.id,
+                tenant_id=schedule.tenant_id,
+                schedule_version=schedule.version,
+                scheduled_for=at,
+                available_at=at,
+                lane=schedule.lane,
+                priority=schedule.priority,
+                state=OccurrenceState.MISSED,
+                finished_at=now,
+                state_reason=reason,
+            )
+        ],
+        ignore_conflicts=True,
+    )
 
 
 def in_flight_occurrences(schedule_id: uuid.UUID) -> list[InFlight]:

@@ -12,7 +12,7 @@ import logging
 import re
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -20,6 +20,7 @@ from django.db import IntegrityError, transaction
 
 from dispatch import occurrences as dispatch_occurrences
 from dispatch.handlers import is_registered, registered_names
+from dispatch.planning import DueSchedule, plan_schedule
 from schedules.clock import db_now
 from schedules.cron_syntax import TimeRuleError, normalize_cron
 from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
@@ -190,6 +191,40 @@ def preview_fires(rule: TimeRule, *, after: datetime, count: int) -> list[dateti
     return fires
 
 
+def preview_definition(definition: dict[str, Any], *, after: datetime, count: int, now: datetime) -> list[datetime]:
+    """What a schedule with this definition would fire from `after` on, if created (or left active) now.
+
+    The next fires strictly after `after`, and one case more: a one-off whose run_at has already passed is
+    created anyway and its misfire policy decides at once (dispatch.planning, the materializer's own rule) whether
+    it fires now or is recorded missed. The preview shows the fire when it would run, so preview and create agree.
+    """
+    rule = TimeRule(
+        kind=definition["kind"], timezone=definition["timezone"], cron=definition["cron"], run_at=definition["run_at"]
+    )
+    run_at = rule.run_at
+    if rule.kind == Kind.ONCE and run_at is not None and run_at <= min(after, now):
+        due = DueSchedule(
+            id=uuid.uuid4(),
+            tenant_id=0,
+            kind=rule.kind,
+            cron=None,
+            run_at=run_at,
+            timezone=rule.timezone,
+            version=1,
+            next_run_at=run_at,
+            lane=definition["lane"],
+            flexible_window_seconds=definition["flexible_window_seconds"],
+            priority=definition["priority"],
+            misfire_policy=definition["misfire_policy"],
+            max_lateness_seconds=definition["max_lateness_seconds"],
+            catchup_limit=definition["catchup_limit"],
+            catchup_per_minute=60,
+        )
+        plan = plan_schedule(due, now=now, horizon=timedelta(0))
+        return [run_at] if plan.to_enqueue else []
+    return preview_fires(rule, after=after, count=count)
+
+
 def _first_fire(rule: TimeRule, now: datetime) -> datetime | None:
     """The cursor for a new or resumed schedule. A one-off keeps its run_at even when it is already past, so
     the materializer applies the misfire policy to it rather than the fire vanishing unrecorded."""
@@ -342,8 +377,12 @@ def update_schedule(
             setattr(schedule, field, value)
         if schedule.state in (ScheduleState.ACTIVE, ScheduleState.COMPLETED):
             was_counted = schedule.state == ScheduleState.ACTIVE
-            # A zone or expression change affects only fires after now, under the new version.
-            schedule.next_run_at = _next_fire_after_change(schedule.time_rule, now)
+            # A zone or expression change affects only fires after now, under the new version. A one-off given a
+            # run_at that has already passed keeps it as its cursor, as at create: the misfire policy decides.
+            if schedule.kind == Kind.ONCE and changes.get("run_at") is not None:
+                schedule.next_run_at = schedule.run_at
+            else:
+                schedule.next_run_at = _next_fire_after_change(schedule.time_rule, now)
             schedule.state = ScheduleState.ACTIVE if schedule.next_run_at else ScheduleState.COMPLETED
             if schedule.state == ScheduleState.ACTIVE and not was_counted:
                 # A completed one-off given a new run_at counts against the quota again.
@@ -386,6 +425,11 @@ def resume_schedule(schedule: Schedule, *, actor: str, now: datetime | None = No
         schedule.next_run_at = _next_fire_after_change(schedule.time_rule, now)
         schedule.state = ScheduleState.ACTIVE if schedule.next_run_at else ScheduleState.COMPLETED
         _bump(schedule, VersionChange.RESUME, actor, now)
+        if schedule.kind == Kind.ONCE and schedule.run_at is not None and schedule.run_at <= now:
+            # Fires during a pause are not caught up (API.md), but a one-off's only fire is recorded, never lost.
+            dispatch_occurrences.record_missed_fire(
+                schedule, at=schedule.run_at, now=now, reason="run_at passed while the schedule was paused"
+            )
     logger.info("resumed schedule %s", schedule.id, extra={"action": "resume_schedule"})
     return schedule
 

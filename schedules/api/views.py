@@ -27,8 +27,7 @@ from schedules.api.serializers import (
     fires_json,
 )
 from schedules.clock import db_now
-from schedules.models import Schedule
-from schedules.timerules import TimeRule
+from schedules.models import DEFINITION_FIELDS, Schedule, ScheduleState
 
 FiresSerializer = inline_serializer(
     name="Fires",
@@ -129,8 +128,14 @@ class ScheduleViewSet(
         schedule = self.get_object()
         query = PreviewQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        after: datetime = query.validated_data.get("after") or db_now()
-        fires = services.preview_fires(schedule.time_rule, after=after, count=query.validated_data["count"])
+        now = db_now()
+        after: datetime = query.validated_data.get("after") or now
+        count = query.validated_data["count"]
+        if schedule.state == ScheduleState.ACTIVE:
+            definition = {field: getattr(schedule, field) for field in DEFINITION_FIELDS}
+            fires = services.preview_definition(definition, after=after, count=count, now=now)
+        else:
+            fires = services.preview_fires(schedule.time_rule, after=after, count=count)
         return Response(fires_json(fires, schedule.timezone))
 
     @extend_schema(request=PreviewInputSerializer, responses=FiresSerializer)
@@ -140,14 +145,9 @@ class ScheduleViewSet(
         body.is_valid(raise_exception=True)
         # A preview needs only the time fields; name and handler get placeholders when absent.
         definition = services.clean_definition({**PREVIEW_PLACEHOLDERS, **body.validated_data["definition"]})
-        rule = TimeRule(
-            kind=definition["kind"],
-            timezone=definition["timezone"],
-            cron=definition["cron"],
-            run_at=definition["run_at"],
-        )
-        after = body.validated_data["after"] or db_now()
-        fires = services.preview_fires(rule, after=after, count=body.validated_data["count"])
+        now = db_now()
+        after = body.validated_data["after"] or now
+        fires = services.preview_definition(definition, after=after, count=body.validated_data["count"], now=now)
         return Response(fires_json(fires, definition["timezone"]))
 
     @extend_schema(request=None, responses={202: OccurrenceIdSerializer})

@@ -5,6 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from dispatch.models import Occurrence, OccurrenceState, OutboxMessage
+from schedules.clock import db_now
+from schedules.models import Schedule
+from tests.integration.support import materializer_holding_every_shard, run_materializer
 
 SCHEDULES = "/api/v1/schedules/"
 
@@ -80,8 +83,6 @@ def test_a_create_with_a_read_only_field_is_refused(api_a, cron_body):
 
 def behind(schedule_id: str, minutes: int) -> None:
     """As if the materializer had been down: the cursor still points `minutes` fires back."""
-    from schedules.clock import db_now
-    from schedules.models import Schedule
 
     now = db_now().replace(second=0, microsecond=0)
     Schedule.objects.filter(pk=schedule_id).update(next_run_at=now - timedelta(minutes=minutes))
@@ -107,7 +108,6 @@ def test_owed_fires_of_a_catch_up_schedule_are_delivered_not_missed_when_it_is_p
 def test_owed_fires_past_max_lateness_of_a_skip_schedule_are_missed_with_their_reason(api_a, cron_body):
     created = create(api_a, {**cron_body, "cron": "* * * * *", "misfire_policy": "skip", "max_lateness_seconds": 90})
     behind(created["id"], 5)
-    from schedules.clock import db_now
 
     paused_at = db_now()
     api_a.post(url(created, "pause/"))
@@ -125,8 +125,6 @@ def test_owed_fires_past_max_lateness_of_a_skip_schedule_are_missed_with_their_r
 
 
 def test_a_flexible_fire_already_due_keeps_its_jittered_slot_through_a_patch(api_a, cron_body, make_occurrence):
-    from schedules.clock import db_now
-    from schedules.models import Schedule
 
     created = create(api_a, {**cron_body, "lane": "flexible", "cron": "* * * * *"})
     schedule = Schedule.objects.get(pk=created["id"])
@@ -144,8 +142,6 @@ def test_a_flexible_fire_already_due_keeps_its_jittered_slot_through_a_patch(api
 
 
 def test_cancel_of_a_completed_one_off_keeps_the_fact_that_it_fired(api_a):
-    from schedules.clock import db_now
-    from schedules.models import Schedule
 
     run_at = (db_now() + timedelta(hours=1)).isoformat()
     created = create(api_a, {"name": "once", "kind": "once", "run_at": run_at, "handler": "noop"})
@@ -156,3 +152,63 @@ def test_cancel_of_a_completed_one_off_keeps_the_fact_that_it_fired(api_a):
     assert response.status_code == 200
     assert response.json()["schedule"]["state"] == "completed"
     assert api_a.get(url(created)).json()["version"] == 1
+
+
+# --- a one-off with a run_at in the past: one rule on every path (item 4) -----------------------------------------
+
+
+def once_body(run_at, **fields) -> dict:
+    return {"name": "once", "kind": "once", "run_at": run_at.isoformat(), "handler": "noop", **fields}
+
+
+def run_materializer_now() -> None:
+
+    run_materializer(materializer_holding_every_shard("semantics"), db_now())
+
+
+def test_a_patch_to_a_past_run_at_is_judged_by_the_misfire_policy_not_dropped(api_a):
+
+    now = db_now()
+    fire_once = create(api_a, once_body(now + timedelta(hours=1), misfire_policy="fire_once"))
+    skip = create(api_a, once_body(now + timedelta(hours=1), misfire_policy="skip", max_lateness_seconds=60))
+    past = now - timedelta(minutes=10)
+
+    for created in (fire_once, skip):
+        response = api_a.patch(url(created), {"run_at": past.isoformat()}, format="json")
+        assert response.status_code == 200 and response.json()["state"] == "active"
+    run_materializer_now()
+
+    fired = Occurrence.objects.get(schedule_id=fire_once["id"])
+    missed = Occurrence.objects.get(schedule_id=skip["id"])
+    assert fired.state == OccurrenceState.SCHEDULED and fired.scheduled_for == past
+    assert missed.state == OccurrenceState.MISSED and "late" in missed.state_reason
+
+
+def test_a_resume_after_a_one_off_time_passed_records_it_missed_with_the_reason(api_a):
+
+    created = create(api_a, once_body(db_now() + timedelta(minutes=30)))
+    api_a.post(url(created, "pause/"))
+
+    Schedule.objects.filter(pk=created["id"]).update(run_at=db_now() - timedelta(minutes=1))
+
+    resumed = api_a.post(url(created, "resume/")).json()
+
+    assert resumed["state"] == "completed"
+    occurrence = Occurrence.objects.get(schedule_id=created["id"])
+    assert occurrence.state == OccurrenceState.MISSED and "paused" in occurrence.state_reason
+
+
+def test_the_preview_of_a_past_one_off_shows_the_fire_exactly_when_create_would_run_it(api_a):
+
+    past = db_now() - timedelta(minutes=5)
+    would_fire = api_a.post(f"{SCHEDULES}preview/", once_body(past, misfire_policy="fire_once"), format="json")
+    would_miss = api_a.post(
+        f"{SCHEDULES}preview/", once_body(past, misfire_policy="skip", max_lateness_seconds=60), format="json"
+    )
+    on_time = api_a.post(
+        f"{SCHEDULES}preview/", once_body(past, misfire_policy="skip", max_lateness_seconds=3600), format="json"
+    )
+
+    assert [f["at"] for f in would_fire.json()["fires"]] == [past.isoformat().replace("+00:00", "Z")]
+    assert would_miss.json()["fires"] == []
+    assert len(on_time.json()["fires"]) == 1
