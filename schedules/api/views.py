@@ -131,11 +131,12 @@ class ScheduleViewSet(
         now = db_now()
         after: datetime = query.validated_data.get("after") or now
         count = query.validated_data["count"]
+        # The fires this schedule will run: none while it is paused, canceled or completed (listing the rule's
+        # fires there read as a promise; a resume starts from the next fire after it).
+        fires: list[datetime] = []
         if schedule.state == ScheduleState.ACTIVE:
             definition = {field: getattr(schedule, field) for field in DEFINITION_FIELDS}
             fires = services.preview_definition(definition, after=after, count=count, now=now)
-        else:
-            fires = services.preview_fires(schedule.time_rule, after=after, count=count)
         return Response(fires_json(fires, schedule.timezone))
 
     @extend_schema(request=PreviewInputSerializer, responses=FiresSerializer)

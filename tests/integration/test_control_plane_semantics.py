@@ -212,3 +212,15 @@ def test_the_preview_of_a_past_one_off_shows_the_fire_exactly_when_create_would_
     assert [f["at"] for f in would_fire.json()["fires"]] == [past.isoformat().replace("+00:00", "Z")]
     assert would_miss.json()["fires"] == []
     assert len(on_time.json()["fires"]) == 1
+
+
+def test_the_preview_of_a_paused_or_canceled_schedule_lists_no_fire_that_will_not_run(api_a, cron_body):
+    paused = create(api_a, cron_body)
+    api_a.post(url(paused, "pause/"))
+    canceled = create(api_a, {**cron_body, "name": "other"})
+    api_a.post(url(canceled, "cancel/"))
+
+    assert api_a.get(url(paused, "preview/")).json() == {"fires": []}
+    assert api_a.get(url(canceled, "preview/")).json() == {"fires": []}
+    api_a.post(url(paused, "resume/"))
+    assert len(api_a.get(url(paused, "preview/")).json()["fires"]) == 10
