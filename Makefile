@@ -26,6 +26,7 @@ migrate: database
 	$(BIN)/python manage.py migrate --noinput -v 0
 
 demo: migrate
+	$(BIN)/python manage.py collectstatic --noinput -v 0
 	$(BIN)/python manage.py provision_demo --port $(PORT)
 	PATH="$(abspath $(BIN)):$$PATH" PORT=$(PORT) $(BIN)/honcho start -f Procfile
 

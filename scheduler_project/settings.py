@@ -36,6 +36,8 @@ SHARED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    # Swagger UI's assets as local static files: the API docs work on a machine without internet.
+    "drf_spectacular_sidecar",
     "django_celery_results",
     "schedules",
     "dispatch",
@@ -55,6 +57,9 @@ PUBLIC_SCHEMA_URLCONF = "scheduler_project.urls_public"
 ROOT_URLCONF = "scheduler_project.urls_tenant"
 
 MIDDLEWARE = [
+    # Static files (the console's CSS and JavaScript, the API docs' assets) are served by the web process itself,
+    # in every mode, before tenant resolution: runserver serves none with DEBUG off, and no proxy is assumed.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "scheduler_project.middleware.BodySizeLimitMiddleware",
     "tenants.middleware.TenantHostMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -108,6 +113,13 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Compressed (gzip/brotli) copies made by collectstatic; no manifest, so a fresh checkout renders without it.
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Serve straight from the apps' static folders too, so static files work before (or without) collectstatic.
+WHITENOISE_USE_FINDERS = True
 
 # Request bodies above this are refused before parsing (413); the payload field has its own 64 KiB rule.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 256 * 1024
@@ -130,6 +142,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Cron and one-off schedules in IANA time zones, delivered at least once to registered handlers.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "SCHEMA_PATH_PREFIX": "/api/v1",
 }
 
@@ -209,3 +224,15 @@ SCHEDULER_RETENTION_DAYS = env_int("SCHEDULER_RETENTION_DAYS", 14, minimum=1)
 # SCHEDULER_FAULT_AFTER-th pass. Empty (the default) in every real deployment.
 SCHEDULER_FAULT = env_str("SCHEDULER_FAULT", "")
 SCHEDULER_FAULT_AFTER = env_int("SCHEDULER_FAULT_AFTER", 1, minimum=1)
+
+# --- Worker limits on retries and leases ---
+# No retry of an occurrence is scheduled later than this after its scheduled_for: past it the occurrence goes dead
+# ("deadline passed"). Forced ones (backfill, replay) are exempt: they are re-driven long after their time.
+SCHEDULER_OCCURRENCE_DEADLINE_SECONDS = env_float("SCHEDULER_OCCURRENCE_DEADLINE_SECONDS", 86400.0, minimum=1.0)
+# A lease is renewed at most this long after its claim, even if the handler ignores its cancel event and keeps
+# running; then it expires and the attempt is fenced. Default: the handler timeout plus two leases of grace.
+SCHEDULER_LEASE_MAX_LIFETIME_SECONDS = env_float(
+    "SCHEDULER_LEASE_MAX_LIFETIME_SECONDS",
+    SCHEDULER_HANDLER_TIMEOUT_SECONDS + 2 * SCHEDULER_WORKER_LEASE_SECONDS,
+    minimum=1.0,
+)
