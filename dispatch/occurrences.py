@@ -144,7 +144,7 @@ def materialize_owed_fires(schedule, *, now: datetime) -> int:
                 state=p.state,
                 forced=p.state == OccurrenceState.SCHEDULED,
                 finished_at=now if p.state == OccurrenceState.MISSED else None,
-                state_reason=getattr(p, "reason", "") or "",
+                state_reason=p.reason,
             )
             for p in new
         ]

@@ -37,8 +37,8 @@ ROLE = "materializer"
 
 # Most fires one batch plans across its schedules. After a long outage every due schedule is far behind, and
 # batch_size x MAX_FIRES_PER_SCHEDULE fires (a million) in one transaction took 29 s of CPU and 223 MiB. The
-# schedules past the bound keep their cursors (their row locks end at commit) and the next batches take them, oldest
-# cursor first. A constant, not a setting: it bounds memory and transaction length, not a policy anyone tunes.
+# schedules past the bound keep their cursors (their row locks end at commit) and the next batches take them. A
+# constant, not a setting: it bounds memory and transaction length, not a policy anyone tunes.
 MAX_FIRES_PER_BATCH = 20_000
 
 

@@ -82,7 +82,11 @@ def test_an_update_moves_future_fires_to_the_new_version_and_cancels_unclaimed_o
     m = materializer()
     m.step(now=T0)
     update_schedule(schedule, {"cron": "*/5 * * * *"}, actor="test", now=T0 + timedelta(seconds=10))
-    assert set(Occurrence.objects.filter(schedule_version=1).values_list("state", flat=True)) == {"canceled"}
+    old = dict(Occurrence.objects.filter(schedule_version=1).values_list("scheduled_for", "state"))
+    # The fire already due when the update came keeps its slot; the unclaimed later ones of v1 are canceled.
+    assert {at: state for at, state in old.items() if at > T0 + timedelta(seconds=10)}
+    assert all(state == "canceled" for at, state in old.items() if at > T0 + timedelta(seconds=10))
+    assert all(state == "scheduled" for at, state in old.items() if at <= T0 + timedelta(seconds=10))
     m.step(now=T0 + timedelta(seconds=10))
     v2 = list(Occurrence.objects.filter(schedule_version=2).values_list("scheduled_for", flat=True))
     assert v2 == [T0 + timedelta(minutes=5)] or v2 == []
