@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
+from django.db.models import QuerySet
 
 from dispatch.errors import ReplayRefused
 from dispatch.identity import manual_occurrence_id_for, occurrence_id_for
@@ -194,6 +195,27 @@ def record_missed_fire(schedule, *, at: datetime, now: datetime, reason: str) ->
             )
         ],
         ignore_conflicts=True,
+    )
+
+
+# Pending fires older than this are stuck (dispatch/stuck.py) rather than "next": they are reported there, and the
+# bound keeps the lookup to the recent end of the schedule's index.
+PENDING_LOOKBACK = timedelta(seconds=DEFAULT_STUCK_AFTER_SECONDS)
+
+
+def pending_fires(now: datetime) -> QuerySet[Occurrence]:
+    """Fires materialized but not yet handed to the broker (state scheduled), recent enough not to be stuck;
+    served by occurrence_schedule_recent (schedule_id, scheduled_for)."""
+    return Occurrence.objects.filter(state=OccurrenceState.SCHEDULED, scheduled_for__gte=now - PENDING_LOOKBACK)
+
+
+def earliest_pending_fire(schedule_id: uuid.UUID, now: datetime) -> datetime | None:
+    return (
+        pending_fires(now)
+        .filter(schedule_id=schedule_id)
+        .order_by("scheduled_for")
+        .values_list("scheduled_for", flat=True)
+        .first()
     )
 
 

@@ -11,14 +11,18 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from dispatch.models import Attempt, Occurrence
+from dispatch.occurrences import earliest_pending_fire
 from schedules.api.parsers import MAX_JSON_DEPTH, json_depth_exceeds
-from schedules.models import DEFINITION_FIELDS, Kind, Lane, MisfirePolicy, OverlapPolicy, Schedule
+from schedules.clock import db_now
+from schedules.models import DEFINITION_FIELDS, Kind, Lane, MisfirePolicy, OverlapPolicy, Schedule, ScheduleState
 from schedules.services import MAX_PREVIEW_COUNT, NUMERIC_RANGES
 from schedules.timerules import local_time
 
 # Keys the server sets. A PATCH may send them back from a GET unchanged (ignored); a different value is a 400, not a
 # silent no-op: `{"state": "paused"}` answered 200 and bumped the version without pausing anything.
 READ_ONLY_KEYS = frozenset({"id", "state", "version", "next_run_at", "created_at", "updated_at"})
+# Marks a schedule whose pending fire the queryset did not annotate (a detail view): looked up on demand.
+_NOT_LOADED = object()
 READ_ONLY_HINTS = {
     "state": "Read-only: change it with POST .../pause/, .../resume/ or .../cancel/.",
 }
@@ -170,7 +174,7 @@ class PreviewQuerySerializer(serializers.Serializer):
 
 class ScheduleSerializer(serializers.ModelSerializer):
     run_at = AwareDateTimeField(allow_null=True)
-    next_run_at = AwareDateTimeField(allow_null=True)
+    next_run_at = serializers.SerializerMethodField()
     created_at = AwareDateTimeField()
     updated_at = AwareDateTimeField()
 
@@ -178,6 +182,20 @@ class ScheduleSerializer(serializers.ModelSerializer):
         model = Schedule
         fields = ["id", *DEFINITION_FIELDS, "state", "version", "next_run_at", "created_at", "updated_at"]
         read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.DATETIME)
+    def get_next_run_at(self, schedule: Schedule) -> str | None:
+        """The next fire not yet handed to the broker: the earliest pending occurrence, else the cursor (which
+        runs a horizon ahead of the real next fire). None when nothing will fire."""
+        pending = getattr(schedule, "next_pending_fire", _NOT_LOADED)
+        if pending is _NOT_LOADED:
+            pending = earliest_pending_fire(schedule.id, db_now())
+        candidates = [pending] if pending is not None else []
+        if schedule.state == ScheduleState.ACTIVE and schedule.next_run_at is not None:
+            candidates.append(schedule.next_run_at)
+        if schedule.state in (ScheduleState.PAUSED, ScheduleState.CANCELED) or not candidates:
+            return None
+        return utc_text(min(candidates))
 
 
 def fires_json(fires: list[datetime], timezone: str) -> dict[str, list[dict[str, str]]]:

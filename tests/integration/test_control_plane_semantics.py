@@ -224,3 +224,18 @@ def test_the_preview_of_a_paused_or_canceled_schedule_lists_no_fire_that_will_no
     assert api_a.get(url(canceled, "preview/")).json() == {"fires": []}
     api_a.post(url(paused, "resume/"))
     assert len(api_a.get(url(paused, "preview/")).json()["fires"]) == 10
+
+
+def test_next_run_at_is_the_next_fire_not_yet_enqueued_not_the_materializer_cursor(api_a, cron_body, make_occurrence):
+    created = create(api_a, {**cron_body, "cron": "*/2 * * * *"})
+    schedule = Schedule.objects.get(pk=created["id"])
+    now = db_now().replace(second=0, microsecond=0)
+    pending = make_occurrence(schedule, at=now + timedelta(minutes=2))
+    make_occurrence(schedule, at=now - timedelta(minutes=2), state=OccurrenceState.SUCCEEDED)
+    Schedule.objects.filter(pk=schedule.pk).update(next_run_at=now + timedelta(minutes=10))
+    expected = pending.scheduled_for.isoformat().replace("+00:00", "Z")
+
+    detail = api_a.get(url(created)).json()
+    listed = next(s for s in api_a.get(SCHEDULES).json()["results"] if s["id"] == created["id"])
+
+    assert detail["next_run_at"] == listed["next_run_at"] == expected
