@@ -5,7 +5,8 @@ Each process leases a fair share of the logical shards and, per batch, in ONE tr
 2. locks the due schedules of those shards (next_run_at <= now + horizon), SKIP LOCKED;
 3. plans fires with the misfire policy and lanes (dispatch/planning.py), at most MAX_FIRES_PER_BATCH in all;
 4. inserts the occurrences (conflicts ignored) and outbox envelopes for the new, enqueueable ones;
-5. advances each cursor only where version and old cursor still match; a fired one-off becomes completed.
+5. advances each cursor only where version and old cursor still match; a one-off whose occurrence ended
+   becomes completed in the maintenance pass.
 """
 
 from __future__ import annotations
@@ -125,6 +126,13 @@ class Materializer:
         connection.close()
         self._next_maintenance = 0.0
 
+    def complete_fired_one_offs(self, limit: int = 1000) -> int:
+        """Mark completed the one-offs whose occurrence has ended (ARCHITECTURE: a one-off is completed once it
+        fired, not once it was materialized a horizon ahead)."""
+        with connection.cursor() as cursor:
+            cursor.execute(materialize_sql.COMPLETE_FIRED_ONE_OFFS, {"limit": limit})
+            return cursor.rowcount
+
     def release_all(self) -> None:
         with connection.cursor() as cursor:
             cursor.execute(lease_sql.RELEASE_SHARD_LEASES, {"owner": self.name, "shards": list(self.leases)})
@@ -140,6 +148,7 @@ class Materializer:
             # Leases of dead workers (SIGKILL, OOM) come back for another attempt. PostgreSQL's clock, not a
             # driven `now`: a test's future instant would reap leases that are still alive.
             reap_expired_leases()
+            self.complete_fired_one_offs()
         now = now or self.clock()
         # Partition DDL happens outside the batch transaction: it locks the parent table briefly.
         ensure_partitions(connection, (now - timedelta(days=1)).date(), (now + self.horizon + timedelta(days=2)).date())
@@ -274,7 +283,11 @@ class Materializer:
                 "versions": [p.schedule.version for p in plans],
                 "old_cursors": [p.schedule.next_run_at for p in plans],
                 "new_cursors": [p.new_cursor for p in plans],
-                "completed": [p.completed for p in plans],
+                # A one-off is completed at once only when its fire was recorded missed (terminal already); one
+                # that will run stays active until its occurrence ends (complete_fired_one_offs).
+                "completed": [
+                    p.completed and all(o.state == OccurrenceState.MISSED for o in p.occurrences) for p in plans
+                ],
             },
         )
         if cursor.rowcount != len(plans):

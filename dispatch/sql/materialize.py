@@ -48,6 +48,25 @@ ON CONFLICT DO NOTHING
 RETURNING occurrence_id
 """
 
+# A one-off whose fire was materialized keeps state 'active' (next_run_at NULL) until that occurrence is terminal:
+# before that it can still be paused, it still holds its quota slot, and the API does not call it completed while it
+# may never run. This pass completes those whose occurrences of the current version all ended. The candidates are
+# few and found through the partial index schedule_fired_one_off; SKIP LOCKED leaves a row an API call holds.
+COMPLETE_FIRED_ONE_OFFS = """
+UPDATE schedules_schedule AS s SET state = 'completed', updated_at = clock_timestamp()
+WHERE s.id IN (
+    SELECT id FROM schedules_schedule
+    WHERE state = 'active' AND next_run_at IS NULL AND kind = 'once'
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+  AND NOT EXISTS (
+    SELECT 1 FROM dispatch_occurrence AS o
+    WHERE o.schedule_id = s.id AND o.schedule_version = s.version
+      AND o.state NOT IN ('succeeded', 'dead', 'missed', 'canceled', 'skipped_overlap'))
+RETURNING s.id
+"""
+
 # Rule 3: the cursor moves only if the version and the old cursor still match, so an old node cannot move a
 # cursor backwards or overwrite a newer definition's cursor. (The rows are also locked by the scan.)
 ADVANCE_CURSORS = """

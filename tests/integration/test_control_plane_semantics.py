@@ -239,3 +239,13 @@ def test_next_run_at_is_the_next_fire_not_yet_enqueued_not_the_materializer_curs
     listed = next(s for s in api_a.get(SCHEDULES).json()["results"] if s["id"] == created["id"])
 
     assert detail["next_run_at"] == listed["next_run_at"] == expected
+
+
+def test_a_materialized_one_off_is_active_and_pausable_until_its_occurrence_ends(api_a):
+    created = create(api_a, once_body(db_now() + timedelta(seconds=60)))
+    run_materializer_now()
+
+    shown = api_a.get(url(created)).json()
+    assert shown["state"] == "active", "materialized a horizon ahead is not completed"
+    assert shown["next_run_at"] == created["run_at"]
+    assert api_a.post(url(created, "pause/")).status_code == 200

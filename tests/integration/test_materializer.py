@@ -55,13 +55,20 @@ def test_running_the_same_instant_twice_creates_nothing_new(tenant_a, make_sched
     assert sum(len(e.occurrence_ids) for e in OutboxMessage.objects.all()) == 3
 
 
-def test_a_one_off_is_completed_once_its_fire_is_materialized(tenant_a, make_schedule):
+def test_a_one_off_is_completed_once_its_occurrence_ended_not_when_it_is_materialized(tenant_a, make_schedule):
     run_at = T0 + timedelta(seconds=45)
     schedule = make_schedule(tenant_a.tenant, now=T0 - timedelta(minutes=5), kind="once", cron=None, run_at=run_at)
-    materializer().step(now=T0)
+    m = materializer()
+    m.step(now=T0)
     schedule.refresh_from_db()
-    assert schedule.state == "completed" and schedule.next_run_at is None
+    assert schedule.state == "active" and schedule.next_run_at is None, "materialized a horizon ahead, not fired"
     assert list(Occurrence.objects.filter(schedule=schedule).values_list("scheduled_for", flat=True)) == [run_at]
+
+    assert m.complete_fired_one_offs() == 0
+    Occurrence.objects.filter(schedule=schedule).update(state="succeeded")
+    assert m.complete_fired_one_offs() == 1
+    schedule.refresh_from_db()
+    assert schedule.state == "completed"
 
 
 def test_a_materializer_whose_lease_was_taken_over_writes_nothing(tenant_a, make_schedule):
