@@ -106,6 +106,13 @@ class Attempt(models.Model):
 
     class Meta:
         ordering = ["generation"]
+        constraints = [
+            # One attempt per fencing generation. The table is partitioned by scheduled_for, so the key holds it
+            # too (migration 0005 builds it partition by partition without blocking inserts).
+            models.UniqueConstraint(
+                fields=["occurrence", "scheduled_for", "generation"], name="attempt_generation_unique"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.occurrence_id} #{self.generation}"

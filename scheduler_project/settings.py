@@ -236,3 +236,7 @@ SCHEDULER_LEASE_MAX_LIFETIME_SECONDS = env_float(
     SCHEDULER_HANDLER_TIMEOUT_SECONDS + 2 * SCHEDULER_WORKER_LEASE_SECONDS,
     minimum=1.0,
 )
+# A worker ends a first delivery as missed when it is claimed later than its schedule's max lateness plus this grace
+# (ARCHITECTURE rule 12). The grace absorbs the pipeline's own latency (relay, broker, a worker's prefetch), which is
+# no outage; without it a schedule with max_lateness_seconds = 0 could never run. The enqueue SLO's 5 s by default.
+SCHEDULER_CLAIM_LATENESS_GRACE_SECONDS = env_float("SCHEDULER_CLAIM_LATENESS_GRACE_SECONDS", 5.0, minimum=0.0)

@@ -43,6 +43,12 @@ class Tenant(TenantMixin):
     max_catchup_per_minute = models.PositiveIntegerField(
         default=600, help_text="Catch-up fires per minute after an outage (misfire policy catch_up)."
     )
+    max_retries_per_minute = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Retries of failed attempts this tenant may run per minute; more are delayed, not dropped. "
+        "0 = unlimited.",
+    )
     fairness_weight = models.PositiveSmallIntegerField(
         default=1, help_text="Relative share of dispatch capacity when tenants compete at the same instant."
     )

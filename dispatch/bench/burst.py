@@ -58,6 +58,8 @@ class BurstConfig:
 
 
 class BurstBenchmark:
+    # The API's largest max lateness (a week).
+    BENCH_MAX_LATENESS_SECONDS = 7 * 24 * 3600
     # The handler of the bench schedules; the burst never runs it (no workers), the drain does.
     handler = "noop"
 
@@ -186,7 +188,9 @@ class BurstBenchmark:
                             self.handler,
                             "{}",
                             "skip",
-                            60,
+                            # The benches measure delivery and execution, not the misfire rule: a fire still
+                            # queued behind the burst when a worker claims it must run, not end missed.
+                            self.BENCH_MAX_LATENESS_SECONDS,
                             10,
                             "allow",
                             5,

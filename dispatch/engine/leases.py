@@ -2,13 +2,17 @@
 
 A claim holds its occurrence for SCHEDULER_WORKER_LEASE_SECONDS; the renewer extends every lease the process
 holds in one statement every third of that, and raises a handler's cancel event when its lease is lost, its
-schedule was canceled or changed version, or its deadline passed (cooperative cancellation, seed 004). Leases of
-dead workers (SIGKILL, OOM, lost network) expire, and the reaper returns those occurrences for another attempt.
+schedule was canceled or changed version, or its deadline passed (cooperative cancellation, seed 004). A handler
+that ignores that event does not hold its occurrence forever: past SCHEDULER_LEASE_MAX_LIFETIME_SECONDS the renewer
+stops renewing it, the lease runs out, and the reaper or the next claim fences the attempt. Leases of dead workers
+(SIGKILL, OOM, lost network) expire, and the reaper returns those occurrences for another attempt; its pass also
+drops the heartbeat rows of processes long gone and retry-budget minutes long past.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -24,12 +28,20 @@ from prometheus_client import Counter
 from dispatch.models import OccurrenceState
 from dispatch.outbox import Fire, enqueue
 from dispatch.sql import DB_NOW
+from dispatch.sql import claims as claim_sql
 from dispatch.sql import leases as lease_sql
 
 logger = logging.getLogger(__name__)
 
 # How often the renewal thread wakes to see whether a round is due (rounds run every lease/3).
 RENEWER_NAP_SECONDS = 0.25
+# A process heartbeat counts as live for two shard leases (the materializer's LIVE_PROCESSES); a row that has not
+# been written for ten of those lifetimes belongs to a process that is gone (names carry host, pid and a random
+# suffix: dispatch/engine/loop.py), and nothing else would ever delete it.
+HEARTBEAT_TTL_LEASES = 2
+HEARTBEAT_PRUNE_TTLS = 10
+# Retry-budget minutes are kept this long after they passed, for an operator to look at; none is taken any more.
+RETRY_WINDOWS_KEPT_SECONDS = 3600
 
 REAPED = Counter("scheduler_worker_reaped", "Expired leases reaped, by resulting state.", ["state"])
 CANCEL_SIGNALS = Counter("scheduler_worker_cancel_signals", "Cancel events raised for running handlers.", ["reason"])
@@ -59,6 +71,8 @@ class Ticket:
     cancel_event: threading.Event
     deadline: float
     reason: str | None = None
+    # Monotonic instant after which the lease is no longer renewed, whatever the handler does.
+    renew_until: float = math.inf
 
     def signal(self, reason: str) -> None:
         if self.reason is None:
@@ -84,7 +98,8 @@ class LeaseRenewer:
         self._thread: threading.Thread | None = None
 
     def register(self, claim: Leased, cancel_event: threading.Event, deadline: float) -> Ticket:
-        ticket = Ticket(claim, cancel_event, deadline)
+        renew_until = time.monotonic() + settings.SCHEDULER_LEASE_MAX_LIFETIME_SECONDS
+        ticket = Ticket(claim, cancel_event, deadline, renew_until=renew_until)
         with self._lock:
             self._tickets[claim.attempt_id] = ticket
             if self._thread is None:
@@ -106,6 +121,13 @@ class LeaseRenewer:
         for ticket in tickets:
             if now >= ticket.deadline:
                 ticket.signal("deadline")
+            if now >= ticket.renew_until:
+                # The handler outlived its deadline and kept running despite the cancel event: let the lease run
+                # out, so the occurrence is fenced and goes on without this attempt.
+                ticket.signal("lease_max_lifetime")
+        tickets = [t for t in tickets if now < t.renew_until]
+        if not tickets:
+            return 0
         claims = [t.claim for t in tickets]
         with connection.cursor() as cursor:
             cursor.execute(
@@ -178,28 +200,41 @@ def stop_lease_renewer() -> None:
 
 
 def reap_expired_leases(now: datetime | None = None, limit: int = 1000) -> int:
-    """Return occurrences whose worker died to retry_wait (with a new envelope) or dead; one batch, SKIP LOCKED."""
+    """Return occurrences whose worker died to retry_wait (with a new envelope), dead or canceled, with the reason;
+    one batch, SKIP LOCKED. The same pass drops heartbeat rows of dead processes and retry-budget minutes long past.
+    """
     with transaction.atomic(), connection.cursor() as cursor:
         if now is None:
             cursor.execute(DB_NOW)
             now = cursor.fetchone()[0]
-        cursor.execute(lease_sql.REAP_EXPIRED_LEASES, {"now": now, "limit": limit})
+        cursor.execute(
+            lease_sql.REAP_EXPIRED_LEASES,
+            {"now": now, "limit": limit, "deadline": settings.SCHEDULER_OCCURRENCE_DEADLINE_SECONDS},
+        )
         rows = cursor.fetchall()
         fires = [
             Fire.for_lane(
                 occurrence_id, scheduled_for, tenant_id=tenant_id, lane=lane, available_at=now, priority=priority
             )
-            for occurrence_id, scheduled_for, tenant_id, lane, priority, state, _ in rows
+            for occurrence_id, scheduled_for, tenant_id, lane, priority, state, _, _ in rows
             if state == OccurrenceState.RETRY_WAIT
         ]
         enqueue(cursor, fires)
-    for occurrence_id, _, _, _, _, state, generation in rows:
+        # Upkeep on PostgreSQL's clock, not a driven `now`: a test's future instant would delete live rows.
+        heartbeat_ttl = HEARTBEAT_TTL_LEASES * settings.SCHEDULER_LEASE_SECONDS
+        cursor.execute(lease_sql.PRUNE_PROCESS_HEARTBEATS, {"older_than": HEARTBEAT_PRUNE_TTLS * heartbeat_ttl})
+        pruned = cursor.rowcount
+        cursor.execute(claim_sql.PRUNE_RETRY_WINDOWS, {"keep": RETRY_WINDOWS_KEPT_SECONDS})
+    if pruned > 0:
+        logger.info("pruned %d heartbeats of dead processes", pruned, extra={"action": "prune_heartbeats"})
+    for occurrence_id, _, _, _, _, state, generation, reason in rows:
         REAPED.labels(state).inc()
         logger.warning(
-            "lease of occurrence %s generation %d expired: now %s",
+            "lease of occurrence %s generation %d expired: now %s%s",
             occurrence_id,
             generation,
             state,
+            f" ({reason})" if reason else "",
             extra={"action": "reap_lease", "occurrence_id": str(occurrence_id)},
         )
     return len(rows)

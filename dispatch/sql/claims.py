@@ -8,7 +8,9 @@ UPDATE whose WHERE names the state (and generation) the caller observed, and the
 Lock order, shared with the control plane (schedules/services.py locks the schedule, then updates occurrences):
 schedule row first, then the occurrence row. A claim that needs no schedule lock (overlap `allow`) takes just the
 occurrence row, so no claim can deadlock with a cancel. A claim that finds an overlap policy on the occurrence's
-schedule releases the occurrence row and starts again, taking the schedule row first.
+schedule releases the occurrence row and starts again, taking the schedule row first. A completion holds its own
+occurrence row and may then touch a waiting sibling's row or a tenant's retry-budget row; nothing takes those first
+and then a running occurrence, so these never form a cycle.
 """
 
 from __future__ import annotations
@@ -23,63 +25,121 @@ SELECT overlap_policy FROM schedules_schedule WHERE id = %(schedule_id)s FOR UPD
 
 # The occurrence row locked for the claim transaction, with the schedule as it is now (version re-check) and the
 # instant every decision of this claim uses.
+# The definition it runs under is its own version's: a backfilled or replayed fire of version 1 must not run
+# version 3's handler, payload or attempt limit. That is the snapshot in schedules_scheduleversion when the
+# occurrence's version is not the schedule's current one, else the schedule row itself (the same definition, with
+# no second row to read). OFFSET 0 keeps the planner from flattening the lateral into a join whose filter runs after
+# the probe; kept as a subquery, the version comparison becomes a one-time filter in front of it. Measured with
+# EXPLAIN ANALYZE on 1.2 M occurrences: an occurrence of the current version (nearly all) never probes
+# schedule_version_unique (8 buffers in all, as before this join), an older one probes it once (4 more). A missing
+# version row falls back to the schedule row, field by field.
+# The overlap policy is the schedule's current one on purpose: it serialises the schedule's occurrences now,
+# whatever version each was created under.
 LOCK_OCCURRENCE = """
 SELECT o.state, o.attempt_count, o.lease_expires_at, o.available_at, o.schedule_version, o.tenant_id, o.lane,
-       o.priority, s.id, s.state, s.version, s.overlap_policy, s.max_attempts, s.handler, s.payload, o.forced,
+       o.priority, o.manual, o.forced, s.id, s.state, s.version, s.overlap_policy,
+       COALESCE(v.definition ->> 'handler', s.handler),
+       COALESCE(v.definition -> 'payload', s.payload),
+       COALESCE((v.definition ->> 'max_attempts')::int, s.max_attempts),
+       COALESCE(v.definition ->> 'misfire_policy', s.misfire_policy),
+       COALESCE((v.definition ->> 'max_lateness_seconds')::int, s.max_lateness_seconds),
+       COALESCE((v.definition ->> 'catchup_limit')::int, s.catchup_limit),
        COALESCE(%(now)s::timestamptz, clock_timestamp())
 FROM dispatch_occurrence AS o
 JOIN schedules_schedule AS s ON s.id = o.schedule_id
+LEFT JOIN LATERAL (
+    SELECT definition FROM schedules_scheduleversion
+    WHERE schedule_id = o.schedule_id AND version = o.schedule_version AND o.schedule_version <> s.version
+    OFFSET 0
+) AS v ON true
 WHERE o.occurrence_id = %(occurrence_id)s AND o.scheduled_for = %(scheduled_for)s
 FOR UPDATE OF o
 """
 
-# Overlap: another occurrence of the schedule running under a live lease. Served by occurrence_schedule_recent
-# (schedule_id, scheduled_for); an expired lease does not count, its occurrence is the reaper's.
+# Overlap: another occurrence of the schedule running under a live lease (its id goes into the reason). Served by
+# the partial index occurrence_active_by_schedule (schedule_id) WHERE state IN ('running', 'retry_wait'); an expired
+# lease does not count, its occurrence is the reaper's.
 SIBLING_RUNNING = """
-SELECT EXISTS (
-    SELECT 1 FROM dispatch_occurrence
-    WHERE schedule_id = %(schedule_id)s AND state = 'running' AND lease_expires_at > %(now)s
-      AND occurrence_id <> %(occurrence_id)s
-)
+SELECT occurrence_id FROM dispatch_occurrence
+WHERE schedule_id = %(schedule_id)s AND state = 'running' AND lease_expires_at > %(now)s
+  AND occurrence_id <> %(occurrence_id)s
+LIMIT 1
 """
 
-# queue_one: the one occurrence already parked behind a running predecessor (retry_wait, never attempted).
+# queue_one: the occurrence held behind a running predecessor (retry_wait and never attempted; a retry parked by the
+# overlap rule has attempt_count > 0 and is not the held one), oldest first so that a newer fire sees it is queued
+# behind it. Same partial index as SIBLING_RUNNING.
 SIBLING_WAITING = """
-SELECT EXISTS (
-    SELECT 1 FROM dispatch_occurrence
-    WHERE schedule_id = %(schedule_id)s AND state = 'retry_wait' AND attempt_count = 0
-      AND occurrence_id <> %(occurrence_id)s
-)
+SELECT occurrence_id, scheduled_for FROM dispatch_occurrence
+WHERE schedule_id = %(schedule_id)s AND state = 'retry_wait' AND attempt_count = 0
+  AND occurrence_id <> %(occurrence_id)s
+ORDER BY scheduled_for
+LIMIT 1
 """
 
-# Side exits of a claim (canceled, skipped_overlap, dead) and parking (retry_wait): one conditional UPDATE on the
-# observed state and generation. finished_at only for terminal states.
+# Misfire at claim time (fire_once): the newest fire of the same rhythm that is newer than this one, due, and not
+# dropped. "Not dropped" rather than only "pending": deliveries are unordered, so the newer fire may already be
+# running or finished when an older late one is claimed, and it is still the one that was emitted (with "pending"
+# only, both would run). Manual triggers are outside the rhythm; forced rows (backfill, replay, fires kept across a
+# version change) are fires of it and count. A range scan of occurrence_schedule_recent
+# (schedule_id, scheduled_for DESC) between this fire and now; partitions outside that range are pruned.
+NEWER_DUE_FIRE = """
+SELECT scheduled_for FROM dispatch_occurrence
+WHERE schedule_id = %(schedule_id)s AND scheduled_for > %(scheduled_for)s AND scheduled_for <= %(now)s
+  AND state IN ('scheduled', 'enqueued', 'retry_wait', 'running', 'succeeded', 'dead')
+  AND NOT manual
+ORDER BY scheduled_for DESC
+LIMIT 1
+"""
+
+# Misfire at claim time (catch_up): how many newer fires are late too, counting at most `limit`. A fire is late
+# when its lateness instant (scheduled_for; available_at on the flexible lane) is before `late_before`; and
+# scheduled_for <= available_at always, so `scheduled_for < late_before` bounds the same index range for both lanes.
+NEWER_LATE_FIRES = """
+SELECT count(*) FROM (
+    SELECT 1 FROM dispatch_occurrence
+    WHERE schedule_id = %(schedule_id)s AND scheduled_for > %(scheduled_for)s AND scheduled_for < %(late_before)s
+      AND (lane <> 'flexible' OR available_at < %(late_before)s)
+      AND state IN ('scheduled', 'enqueued', 'retry_wait', 'running', 'succeeded', 'dead')
+      AND NOT manual
+    LIMIT %(limit)s
+) AS newer
+"""
+
+# Side exits of a claim (missed, canceled, skipped_overlap, dead) and parking (retry_wait): one conditional UPDATE on
+# the observed state and generation, with the rule that decided it in words. finished_at only for terminal states.
 TRANSITION = """
 UPDATE dispatch_occurrence
 SET state = %(new_state)s::text,
     finished_at = CASE WHEN %(new_state)s::text = 'retry_wait' THEN NULL ELSE %(now)s::timestamptz END,
     available_at = COALESCE(%(available_at)s::timestamptz, available_at),
-    lease_expires_at = NULL
+    lease_expires_at = NULL,
+    state_reason = %(reason)s::text
 WHERE occurrence_id = %(occurrence_id)s AND scheduled_for = %(scheduled_for)s
   AND state = %(state)s::text AND attempt_count = %(attempt_count)s
 """
 
 # The claim proper. The generation (attempt_count) grows here and only here: it is the fencing token that every
-# later heartbeat and completion must present.
+# later heartbeat and completion must present. A reason left by parking no longer holds once it runs.
 CLAIM = """
 UPDATE dispatch_occurrence
 SET state = 'running', attempt_count = attempt_count + 1,
-    lease_expires_at = %(now)s::timestamptz + make_interval(secs => %(lease)s)
+    lease_expires_at = %(now)s::timestamptz + make_interval(secs => %(lease)s),
+    state_reason = ''
 WHERE occurrence_id = %(occurrence_id)s AND scheduled_for = %(scheduled_for)s
   AND state = %(state)s::text AND attempt_count = %(attempt_count)s
 RETURNING attempt_count, lease_expires_at
 """
 
+# One attempt per generation: attempt_generation_unique (occurrence_id, scheduled_for, generation). The claim above
+# already serialises generations under the row lock, so a conflict means history that contradicts it (a restored
+# backup, a hand-made row); the caller refuses the claim rather than record two attempts as one generation.
 INSERT_ATTEMPT = """
 INSERT INTO dispatch_attempt (occurrence_id, scheduled_for, generation, worker, started_at, heartbeat_at,
                               lease_expires_at, finished_at, outcome, error_class, error)
 VALUES (%(occurrence_id)s, %(scheduled_for)s, %(generation)s, %(worker)s, %(now)s, %(now)s, %(lease_expires_at)s,
         NULL, '', '', '')
+ON CONFLICT (occurrence_id, scheduled_for, generation) DO NOTHING
 RETURNING id
 """
 
@@ -105,15 +165,31 @@ WHERE o.occurrence_id = %(occurrence_id)s AND o.scheduled_for = %(scheduled_for)
 
 # --- completion ------------------------------------------------------------------------------------------------
 
+# A transient failure is about to become a retry: lock the row while this generation still owns it, so the deadline
+# and the tenant's budget are settled for an attempt that is really ours (a fenced one takes no budget slot).
+LOCK_RUNNING = """
+SELECT COALESCE(%(now)s::timestamptz, clock_timestamp())
+FROM dispatch_occurrence
+WHERE occurrence_id = %(occurrence_id)s AND scheduled_for = %(scheduled_for)s
+  AND state = 'running' AND attempt_count = %(generation)s
+FOR UPDATE
+"""
+
 # Fencing (ARCHITECTURE rule 5): only the current generation, still running, may complete. Zero rows means a
-# newer attempt owns the occurrence (or the reaper took it): the completion is refused.
+# newer attempt owns the occurrence (or the reaper took it): the completion is refused. The reason of a cancel is
+# read from the schedule only on that (rare) path; every other outcome's reason comes from the caller.
 COMPLETE = """
 UPDATE dispatch_occurrence AS o
 SET state = %(new_state)s::text,
     finished_at = CASE WHEN %(new_state)s::text = 'retry_wait' THEN NULL ELSE n.now END,
     available_at = CASE WHEN %(new_state)s::text = 'retry_wait'
-                        THEN n.now + make_interval(secs => %(backoff)s) ELSE o.available_at END,
-    lease_expires_at = NULL
+                        THEN COALESCE(%(retry_at)s::timestamptz, n.now) ELSE o.available_at END,
+    lease_expires_at = NULL,
+    state_reason = CASE WHEN %(new_state)s::text = 'canceled'
+                        THEN (SELECT CASE WHEN s.state = 'canceled' THEN 'schedule canceled'
+                                          ELSE 'schedule changed to version ' || s.version END
+                              FROM schedules_schedule AS s WHERE s.id = o.schedule_id)
+                        ELSE %(reason)s::text END
 FROM (SELECT COALESCE(%(now)s::timestamptz, clock_timestamp()) AS now) AS n
 WHERE o.occurrence_id = %(occurrence_id)s AND o.scheduled_for = %(scheduled_for)s
   AND o.state = 'running' AND o.attempt_count = %(generation)s
@@ -126,4 +202,46 @@ UPDATE dispatch_attempt
 SET finished_at = COALESCE(%(now)s::timestamptz, clock_timestamp()), outcome = %(outcome)s,
     error_class = %(error_class)s, error = %(error)s
 WHERE id = %(attempt_id)s AND scheduled_for = %(scheduled_for)s
+"""
+
+# queue_one: the predecessor stopped running, so the occurrence held behind it is due now rather than at its next
+# recheck; otherwise a newer fire arriving in between would find nothing running and skip it. The caller writes
+# the new envelope for the returned row. Served by occurrence_active_by_schedule.
+RELEASE_HELD = """
+UPDATE dispatch_occurrence
+SET available_at = %(now)s
+WHERE schedule_id = %(schedule_id)s AND state = 'retry_wait' AND attempt_count = 0 AND available_at > %(now)s
+RETURNING occurrence_id, scheduled_for, tenant_id, lane, priority
+"""
+
+# --- tenant retry budget ---------------------------------------------------------------------------------------
+
+# Table dispatch_tenant_retry_window (migration 0006): per tenant and UTC minute, how many retries were granted to
+# run in it. The tenant's cap, and the minutes from `window` on that are already full (the ones to jump over), in
+# one read. A tenant with cap 0 (unlimited) gets no list.
+RETRY_BUDGET = """
+SELECT t.max_retries_per_minute,
+       ARRAY(SELECT w.window_start FROM dispatch_tenant_retry_window AS w
+             WHERE w.tenant_id = t.id AND w.window_start >= %(window)s
+               AND t.max_retries_per_minute > 0 AND w.used >= t.max_retries_per_minute
+             ORDER BY w.window_start
+             LIMIT %(scan)s)
+FROM tenants_tenant AS t
+WHERE t.id = %(tenant_id)s
+"""
+
+# Take one slot of a minute, atomically across workers: the row lock of the upsert serialises takers, and the
+# conditional DO UPDATE refuses (no row returned) once the minute is full, so the caller moves to the next minute.
+# Returns the slot's position in the minute (1..cap).
+TAKE_RETRY_SLOT = """
+INSERT INTO dispatch_tenant_retry_window AS w (tenant_id, window_start, used)
+VALUES (%(tenant_id)s, %(window)s, 1)
+ON CONFLICT (tenant_id, window_start) DO UPDATE SET used = w.used + 1
+WHERE w.used < %(limit)s
+RETURNING w.used
+"""
+
+# Minutes long past are of no use to anyone; the lease reaper's pass drops them.
+PRUNE_RETRY_WINDOWS = """
+DELETE FROM dispatch_tenant_retry_window WHERE window_start < clock_timestamp() - make_interval(secs => %(keep)s)
 """

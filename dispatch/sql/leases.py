@@ -111,31 +111,54 @@ JOIN schedules_schedule AS s ON s.id = r.schedule_id
 
 # Running occurrences whose lease expired (the worker died: SIGKILL, OOM, lost network). Served by the partial
 # index occurrence_running_lease (lease_expires_at) WHERE state = 'running'. SKIP LOCKED: a live worker completing
-# or renewing one of these rows wins, and several reapers split the work. Outcome per row:
-# canceled if the schedule moved on (the claim would cancel it anyway), dead when attempts are used up, otherwise
-# retry_wait, due at once, with a new envelope written by the caller for the returned rows.
+# or renewing one of these rows wins, and several reapers split the work. Outcome per row, with its reason in words:
+# canceled if the schedule moved on (the claim would cancel it anyway); dead when the attempts of the occurrence's
+# own version are used up (its snapshot, read as at claim time: see LOCK_OCCURRENCE in dispatch/sql/claims.py) or the
+# occurrence deadline has passed (not for forced ones, see dispatch/engine/retry.deadline_of); otherwise
+# retry_wait, due at once, with a new envelope written by the caller for the returned rows. A worker's death is
+# not its tenant's doing, so these retries take no slot of the tenant's retry budget.
 REAP_EXPIRED_LEASES = """
 WITH expired AS (
-    SELECT o.occurrence_id, o.scheduled_for, o.attempt_count,
-           CASE WHEN s.state = 'canceled' OR (s.version <> o.schedule_version AND NOT o.forced) THEN 'canceled'
-                WHEN o.attempt_count >= s.max_attempts THEN 'dead'
-                ELSE 'retry_wait' END AS new_state
+    SELECT o.occurrence_id, o.scheduled_for, o.attempt_count, s.state AS schedule_state,
+           s.version AS schedule_version,
+           s.version <> o.schedule_version AND NOT o.forced AS superseded,
+           COALESCE((v.definition ->> 'max_attempts')::int, s.max_attempts) AS max_attempts,
+           NOT o.forced AND o.scheduled_for + make_interval(secs => %(deadline)s) < %(now)s AS past_deadline
     FROM dispatch_occurrence AS o
     JOIN schedules_schedule AS s ON s.id = o.schedule_id
+    LEFT JOIN LATERAL (
+        SELECT definition FROM schedules_scheduleversion
+        WHERE schedule_id = o.schedule_id AND version = o.schedule_version AND o.schedule_version <> s.version
+        OFFSET 0
+    ) AS v ON true
     WHERE o.state = 'running' AND o.lease_expires_at < %(now)s
     ORDER BY o.lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
+), verdicts AS (
+    SELECT e.occurrence_id, e.scheduled_for, e.attempt_count,
+           CASE WHEN e.schedule_state = 'canceled' OR e.superseded THEN 'canceled'
+                WHEN e.attempt_count >= e.max_attempts OR e.past_deadline THEN 'dead'
+                ELSE 'retry_wait' END AS new_state,
+           CASE WHEN e.schedule_state = 'canceled' THEN 'schedule canceled'
+                WHEN e.superseded THEN 'schedule changed to version ' || e.schedule_version
+                WHEN e.attempt_count >= e.max_attempts
+                    THEN 'attempts exhausted (' || e.attempt_count || ' of ' || e.max_attempts || ')'
+                WHEN e.past_deadline THEN 'deadline passed'
+                ELSE '' END AS reason
+    FROM expired AS e
 ), moved AS (
     UPDATE dispatch_occurrence AS o
     SET state = e.new_state,
         finished_at = CASE WHEN e.new_state = 'retry_wait' THEN NULL ELSE %(now)s END,
         available_at = CASE WHEN e.new_state = 'retry_wait' THEN %(now)s ELSE o.available_at END,
-        lease_expires_at = NULL
-    FROM expired AS e
+        lease_expires_at = NULL,
+        state_reason = e.reason
+    FROM verdicts AS e
     WHERE o.occurrence_id = e.occurrence_id AND o.scheduled_for = e.scheduled_for
       AND o.state = 'running' AND o.attempt_count = e.attempt_count
-    RETURNING o.occurrence_id, o.scheduled_for, o.tenant_id, o.lane, o.priority, o.state, o.attempt_count
+    RETURNING o.occurrence_id, o.scheduled_for, o.tenant_id, o.lane, o.priority, o.state, o.attempt_count,
+              o.state_reason
 ), closed AS (
     UPDATE dispatch_attempt AS a
     SET finished_at = %(now)s, outcome = 'expired', error_class = 'transient', error = 'lease expired'
@@ -143,5 +166,11 @@ WITH expired AS (
     WHERE a.occurrence_id = m.occurrence_id AND a.scheduled_for = m.scheduled_for
       AND a.generation = m.attempt_count AND a.finished_at IS NULL
 )
-SELECT occurrence_id, scheduled_for, tenant_id, lane, priority, state, attempt_count FROM moved
+SELECT occurrence_id, scheduled_for, tenant_id, lane, priority, state, attempt_count, state_reason FROM moved
+"""
+
+# Heartbeat rows of processes that stopped writing them long ago (killed, or their host gone): every process has a
+# fresh name, so without this the table only grows. A small table: the scan is cheaper than an index to maintain.
+PRUNE_PROCESS_HEARTBEATS = """
+DELETE FROM dispatch_processheartbeat WHERE heartbeat_at < clock_timestamp() - make_interval(secs => %(older_than)s)
 """

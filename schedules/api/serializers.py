@@ -187,10 +187,9 @@ class ScheduleSerializer(serializers.ModelSerializer):
     def get_next_run_at(self, schedule: Schedule) -> str | None:
         """The next fire not yet handed to the broker: the earliest pending occurrence, else the cursor (which
         runs a horizon ahead of the real next fire). None when nothing will fire."""
-        pending = getattr(schedule, "next_pending_fire", _NOT_LOADED)
-        if pending is _NOT_LOADED:
-            pending = earliest_pending_fire(schedule.id, db_now())
-        candidates = [pending] if pending is not None else []
+        annotated = getattr(schedule, "next_pending_fire", _NOT_LOADED)
+        pending = earliest_pending_fire(schedule.id, db_now()) if annotated is _NOT_LOADED else annotated
+        candidates: list[datetime] = [pending] if isinstance(pending, datetime) else []
         if schedule.state == ScheduleState.ACTIVE and schedule.next_run_at is not None:
             candidates.append(schedule.next_run_at)
         if schedule.state in (ScheduleState.PAUSED, ScheduleState.CANCELED) or not candidates:

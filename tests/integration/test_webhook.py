@@ -92,7 +92,14 @@ def webhook_occurrence(make_schedule, make_occurrence) -> Callable[..., Occurren
     """An enqueued occurrence at BASE of a fresh every-minute "webhook" schedule with `payload`."""
 
     def make(tenant, payload: dict[str, Any], **fields: Any) -> Occurrence:
-        fields = {"name": f"hook-{uuid.uuid4().hex[:8]}", "handler": "webhook", "payload": payload, **fields}
+        # BASE is minutes back: a lateness the schedule accepts (the claim's misfire rule is not tested here).
+        fields = {
+            "name": f"hook-{uuid.uuid4().hex[:8]}",
+            "handler": "webhook",
+            "payload": payload,
+            "max_lateness_seconds": 3600,
+            **fields,
+        }
         return make_occurrence(make_schedule(tenant, **fields), at=BASE, state=OccurrenceState.ENQUEUED)
 
     return make

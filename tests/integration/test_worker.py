@@ -32,6 +32,7 @@ from tests.handlers import effects, ensure_effects_table
 WORKER = "test-worker"
 # Fires of the recent past: the materializer would have produced them; any partition (or DEFAULT) takes them.
 BASE = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=30)
+LATE_OK = 24 * 3600
 
 
 # --- fixtures and helpers -------------------------------------------------------------------------------------
@@ -57,7 +58,10 @@ def make_schedule(make_schedule) -> Callable[..., Schedule]:
     """The shared factory, with a fresh name for each schedule of this module."""
 
     def make(tenant, **fields: Any) -> Schedule:
-        return make_schedule(tenant, **{"name": f"worker-{uuid.uuid4().hex[:8]}", **fields})
+        # BASE lies 30 minutes back: a lateness these schedules accept, or the claim's misfire rule would end
+        # every fire as missed (tests/integration/test_worker_misfire.py covers that rule).
+        fields = {"name": f"worker-{uuid.uuid4().hex[:8]}", "max_lateness_seconds": LATE_OK, **fields}
+        return make_schedule(tenant, **fields)
 
     return make
 

@@ -190,7 +190,9 @@ def occurrences_of(make_schedule, make_occurrence) -> Callable[..., list[Occurre
     """`count` occurrences, a second apart ten minutes ago, of a new schedule on `lane`."""
 
     def make(tenant, *, count: int, lane: str = "strict", **data: Any) -> list[Occurrence]:
-        schedule = make_schedule(tenant, **{"name": f"proc-{uuid.uuid4().hex[:8]}", "lane": lane, **data})
+        # Fires ten minutes back: a lateness the schedule accepts (the claim's misfire rule is not tested here).
+        fields = {"name": f"proc-{uuid.uuid4().hex[:8]}", "lane": lane, "max_lateness_seconds": 3600, **data}
+        schedule = make_schedule(tenant, **fields)
         base = db_now().replace(microsecond=0) - timedelta(minutes=10)
         return [
             # released together: one envelope per lane
