@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import tempfile
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from dispatch.models import Occurrence, OutboxMessage
 from dispatch.queues import STRICT_QUEUE
 from schedules.clock import db_now
 from schedules.services import create_schedule
-from tests.integration.processes import manage, process_env
+from tests.integration.processes import ROOT, manage, process_env
 
 # seed_envelopes is a fixture of the relay tests, used here by name.
 from tests.integration.test_relay_process import drain_queue, seed_envelopes, wait_for  # noqa: F401
@@ -32,10 +34,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 class Running:
     """A product process with its log in a file, stopped with SIGTERM at the end of the test."""
 
-    def __init__(self, *args: str, **env: str) -> None:
+    def __init__(self, *args: str, command: list[str] | None = None, **env: str) -> None:
         self.log_path = Path(tempfile.mkstemp(prefix=f"{args[0]}-", suffix=".log")[1])
         self._log = self.log_path.open("w")
-        self.process = manage(*args, env=process_env(**env), stdout=self._log, stderr=subprocess.STDOUT)
+        if command is None:
+            self.process = manage(*args, env=process_env(**env), stdout=self._log, stderr=subprocess.STDOUT)
+        else:
+            self.process = subprocess.Popen(
+                command, env=process_env(**env), cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT
+            )
 
     def text(self) -> str:
         return self.log_path.read_text()
@@ -83,21 +90,32 @@ def published(schedule) -> bool:
     ).exists()
 
 
-def test_materializer_and_relay_reconnect_by_themselves_after_every_backend_is_terminated(tenant_a):
+def succeeded(schedule) -> bool:
+    return Occurrence.objects.filter(schedule_id=schedule.id, state="succeeded").exists()
+
+
+def test_materializer_relay_and_worker_reconnect_by_themselves_after_every_backend_is_terminated(tenant_a):
     drain_queue(STRICT_QUEUE)
     materializer = Running("materialize", "--name", "fault-materializer")
     relay = Running("relay", "--name", "fault-relay")
+    node = f"fault-worker-{uuid.uuid4().hex[:6]}@%h"
+    worker = Running(
+        "worker",
+        command=[sys.executable, "-m", "celery", "-A", "scheduler_project", "worker", "--pool=solo", "-n", node],
+        PYTHONPATH=str(ROOT),
+    )
     try:
         before = one_off_in(tenant_a.tenant, 2, "before-outage")
-        wait_for(lambda: published(before), 30, "a fire through both processes before the outage")
+        wait_for(lambda: succeeded(before), 45, "a fire run through all three processes before the outage")
 
-        assert terminate_other_backends() >= 2, "both processes held connections"
+        assert terminate_other_backends() >= 3, "every process held a connection"
         after = one_off_in(tenant_a.tenant, 2, "after-outage")
-        wait_for(lambda: published(after), 45, "a fire through both processes after the outage")
+        wait_for(lambda: succeeded(after), 60, "a fire run through all three processes after the outage")
 
-        assert materializer.process.poll() is None and relay.process.poll() is None, "nobody died"
+        assert all(p.process.poll() is None for p in (materializer, relay, worker)), "nobody died"
     finally:
         codes = materializer.stop(), relay.stop()
+        worker.stop()
     for process in (materializer, relay):
         log = process.text()
         assert log.count("step failed; retrying with backoff") == 1, f"one line per outage:\n{log[-3000:]}"
