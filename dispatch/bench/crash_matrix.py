@@ -9,7 +9,8 @@ For each crash point (dispatch/engine/faults.py) and each iteration:
 4. Count: lost fires, effects other than one per expected occurrence, re-runs (at-least-once at work), the worst
    lag from scheduled time to broker confirmation, and whether reconcile (grace 0) is clean.
 
-`manage.py soak` runs it for a number of iterations and prints a table; the fault suite runs it in CI.
+`manage.py soak` runs it for a number of iterations and prints a table; the fault suite runs it in CI. The matrix
+acts as a tenant would: its fires enter through the control plane (schedules.services), like any API call.
 """
 
 from __future__ import annotations
