@@ -180,3 +180,55 @@ def test_a_broker_restart_mid_stream_loses_no_fire_and_the_relay_recovers_by_its
     delivered = {oid for message in drain_queue(STRICT_QUEUE) for oid in message["occurrences"]}
     assert delivered == expected
     assert "recovered after" in relay.text(), relay.text()[-3000:]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def get(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except (urllib.error.URLError, ConnectionError):
+        return 0, "not listening"
+
+
+def test_the_web_process_answers_again_right_after_every_backend_is_terminated(tenants):
+    port = free_port()
+    web = Running(
+        "web",
+        command=[
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "scheduler_project.wsgi",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "1",
+            "--threads",
+            "1",
+        ],
+        PYTHONPATH=str(ROOT),
+    )
+    url = f"http://127.0.0.1:{port}/healthz"
+    try:
+        wait_for(lambda: get(url)[0] == 200 if web.process.poll() is None else True, 30, "gunicorn up")
+        assert get(url)[0] == 200, web.text()[-2000:]
+
+        assert terminate_other_backends() >= 1, "the web worker kept its connection between requests"
+        status, body = get(url)
+
+        assert status == 200, f"the first request after the outage failed: {body}\n{web.text()[-2000:]}"
+    finally:
+        web.stop()
