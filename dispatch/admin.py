@@ -17,6 +17,7 @@ from dispatch.queues import ALL_QUEUES
 from scheduler_project.console import (
     EXACT_COUNT_LIMIT,
     EstimatedCountPaginator,
+    SafeActionSelectionMixin,
     TenantFilter,
     bounded_count,
     parse_uuid,
@@ -59,7 +60,7 @@ def precise_utc(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
-class ReadOnlyAdminMixin:
+class ReadOnlyAdminMixin(SafeActionSelectionMixin):
     """The data plane changes only through its services (materializer, relay, workers): never by hand."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:

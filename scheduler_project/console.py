@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import uuid
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.functional import cached_property
 
 from tenants.models import Tenant
@@ -99,6 +102,9 @@ class EstimatedCountPaginator(Paginator):
 # --- filters and search ----------------------------------------------------------------------------------
 
 
+BIGINT_MAX = 2**63 - 1
+
+
 class TenantFilter(admin.SimpleListFilter):
     """Tenants that can own engine rows: the platform's own public tenant never does."""
 
@@ -109,7 +115,13 @@ class TenantFilter(admin.SimpleListFilter):
         return [(str(pk), slug) for pk, slug in Tenant.objects.exclude(schema_name="public").values_list("pk", "slug")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        return queryset.filter(tenant_id=self.value()) if self.value() else queryset
+        value = self.value()
+        if not value:
+            return queryset
+        if not value.isdigit() or int(value) > BIGINT_MAX:
+            # The admin answers this with its own "invalid filter" page (?e=1), not a database error.
+            raise IncorrectLookupParameters(f"{value!r} is not a tenant id")
+        return queryset.filter(tenant_id=int(value))
 
 
 def parse_uuid(text: str) -> uuid.UUID | None:
@@ -118,3 +130,20 @@ def parse_uuid(text: str) -> uuid.UUID | None:
         return uuid.UUID(text.strip())
     except (ValueError, AttributeError):
         return None
+
+
+class SafeActionSelectionMixin:
+    """Bulk actions over ids the request names: one id that is not a valid primary key (a tampered or stale
+    form) refuses the whole action with a message, instead of a ValidationError from the database layer."""
+
+    def response_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        pk = self.model._meta.pk  # type: ignore[attr-defined]
+        for value in request.POST.getlist(ACTION_CHECKBOX_NAME):
+            try:
+                pk.to_python(value)
+            except ValidationError:
+                self.message_user(  # type: ignore[attr-defined]
+                    request, f"Nothing done: {value!r} is not a valid id.", messages.ERROR
+                )
+                return HttpResponseRedirect(request.get_full_path())
+        return super().response_action(request, queryset)  # type: ignore[misc]

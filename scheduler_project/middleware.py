@@ -1,4 +1,4 @@
-"""Refuses oversized request bodies up front with a JSON 413, before any parser reads them."""
+"""Refuses, up front, request input that no view could handle: oversized bodies (413) and NUL characters (400)."""
 
 from __future__ import annotations
 
@@ -24,4 +24,29 @@ class BodySizeLimitMiddleware:
             return JsonResponse(
                 {"detail": f"Request body of {length} bytes exceeds the limit of {limit} bytes."}, status=413
             )
+        return self.get_response(request)
+
+
+FORM_CONTENT_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+class NulCharacterMiddleware:
+    """A U+0000 in a query parameter or a form field is refused with a 400: PostgreSQL cannot store or compare
+    it in text (the console's filters and forms would end in a DataError, a 500). JSON bodies are the API
+    parsers' and serializers' to check, with field-level messages."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        sources = [request.GET]
+        if request.method == "POST" and request.content_type in FORM_CONTENT_TYPES:
+            sources.append(request.POST)
+        for source in sources:
+            for key, values in source.lists():
+                if "\x00" in key or any("\x00" in value for value in values):
+                    return JsonResponse(
+                        {"detail": "The request contains a NUL character (U+0000), which is not accepted."},
+                        status=400,
+                    )
         return self.get_response(request)

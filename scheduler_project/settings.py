@@ -61,6 +61,7 @@ MIDDLEWARE = [
     # in every mode, before tenant resolution: runserver serves none with DEBUG off, and no proxy is assumed.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "scheduler_project.middleware.BodySizeLimitMiddleware",
+    "scheduler_project.middleware.NulCharacterMiddleware",
     "tenants.middleware.TenantHostMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -2,9 +2,16 @@
 
 from django.contrib import admin
 from django.urls import path
+from rest_framework.authtoken.models import TokenProxy
 
 from scheduler_project.health import healthz
 from scheduler_project.metrics import metrics
+
+# API tokens live in each tenant's own schema; the public schema (this host's) has no token table, so the admin that
+# rest_framework.authtoken registers would be a page that can only fail. It registers itself last (its app comes
+# after ours), so it is taken off here, once every admin module has been imported.
+if admin.site.is_registered(TokenProxy):
+    admin.site.unregister(TokenProxy)
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -24,6 +23,7 @@ from dispatch.planning import DueSchedule, plan_schedule
 from schedules.clock import db_now
 from schedules.cron_syntax import TimeRuleError, normalize_cron
 from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
+from schedules.json_input import storable_json
 from schedules.models import (
     DEFINITION_FIELDS,
     Kind,
@@ -64,8 +64,6 @@ DEFAULTS: dict[str, Any] = {
     "max_attempts": 5,
 }
 REQUIRED_FIELDS = ("name", "kind", "handler")
-# An escaped U+0000 in JSON text: the backslash that starts it is preceded by an even number of backslashes.
-_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 MAX_PREVIEW_COUNT = 100
 
 
@@ -148,7 +146,7 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
             errors.setdefault("payload", []).append(
                 f"Is {size} bytes encoded; the limit is {settings.SCHEDULER_MAX_PAYLOAD_BYTES} bytes."
             )
-        elif not _storable_json(payload):
+        elif not storable_json(payload):
             errors.setdefault("payload", []).append(
                 "Contains U+0000 or an unpaired surrogate (U+D800-U+DFFF), which PostgreSQL cannot store."
             )
@@ -160,16 +158,6 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
     if errors:
         raise ScheduleInvalid(errors)
     return {field: definition[field] for field in DEFINITION_FIELDS}
-
-
-def _storable_json(value: Any) -> bool:
-    """PostgreSQL's jsonb refuses U+0000 and lone surrogates, both of which Python's json accepts."""
-    text = json.dumps(value, ensure_ascii=False)
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return _NUL_ESCAPE.search(text) is None
 
 
 def fingerprint(body: dict[str, Any]) -> str:

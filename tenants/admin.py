@@ -13,6 +13,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from scheduler_project.console import SafeActionSelectionMixin
 from schedules.models import Schedule
 from tenants.models import Domain, Tenant, schema_name_for, validate_slug
 from tenants.services import HOST_PATTERN, QUOTA_FIELDS
@@ -76,7 +77,7 @@ def _is_public(tenant: Tenant | None) -> bool:
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
     """Tenants and their quotas.
 
     The recommended way to create a tenant is `manage.py provision_tenant`, which also creates the API user and

@@ -7,11 +7,43 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 from django import forms
+from django.forms.fields import InvalidJSONInput
 
 from dispatch.handlers import registered_names
 from schedules.errors import ScheduleInvalid
+from schedules.json_input import JSONInputError, loads_strict, storable_json
 from schedules.models import DEFINITION_FIELDS, Kind, Schedule, ScheduleState
 from schedules.services import clean_definition
+
+
+class PayloadField(forms.JSONField):
+    """The payload as text, parsed by the API's strict rules (schedules/json_input.py): NaN, 1e999, a lone
+    surrogate or 3,000-deep nesting is a form error here exactly as it is a 400 there, never a 500."""
+
+    def _strict(self, text: str) -> Any:
+        value = loads_strict(text)
+        if not isinstance(value, dict):
+            raise JSONInputError("Must be a JSON object.")
+        if not storable_json(value):
+            raise JSONInputError("Contains U+0000 or an unpaired surrogate (U+D800-U+DFFF), which cannot be stored.")
+        return value
+
+    def to_python(self, value: Any) -> Any:
+        if self.disabled or value in self.empty_values or isinstance(value, dict):
+            return super().to_python(value)
+        try:
+            return self._strict(value)
+        except JSONInputError as exc:
+            raise forms.ValidationError(str(exc), code="invalid") from None
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        if self.disabled or data is None:
+            return super().bound_data(data, initial)
+        try:
+            return self._strict(data)
+        except JSONInputError:
+            # Shown back as the operator typed it (plain text), not re-parsed by the lenient json module.
+            return InvalidJSONInput(data)
 
 
 class ScheduleChangeForm(forms.ModelForm):
@@ -22,6 +54,7 @@ class ScheduleChangeForm(forms.ModelForm):
     """
 
     seen_version = forms.IntegerField(widget=forms.HiddenInput)
+    payload = PayloadField(required=False, help_text="A JSON object handed to the handler as its payload.")
     handler = forms.ChoiceField()
     timezone = forms.ChoiceField(help_text="IANA zone: cron fields are wall-clock time in this zone.")
 

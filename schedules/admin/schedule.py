@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
 from dispatch.handlers import registered_names
-from scheduler_project.console import EstimatedCountPaginator, TenantFilter, parse_uuid
+from scheduler_project.console import EstimatedCountPaginator, SafeActionSelectionMixin, TenantFilter, parse_uuid
 from schedules.admin.details import schedule_details
 from schedules.admin.formatting import describe_schedule, format_local, format_utc
 from schedules.admin.forms import ScheduleChangeForm
@@ -63,7 +63,7 @@ class HandlerFilter(admin.SimpleListFilter):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
     """Schedules of every tenant, for operators.
 
     Adding is disabled: a schedule is tenant data, created by the tenant through the API, where the quota is

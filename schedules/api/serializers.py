@@ -12,8 +12,8 @@ from rest_framework import serializers
 
 from dispatch.models import Attempt, Occurrence
 from dispatch.occurrences import earliest_pending_fire
-from schedules.api.parsers import MAX_JSON_DEPTH, json_depth_exceeds
 from schedules.clock import db_now
+from schedules.json_input import MAX_JSON_DEPTH, json_depth_exceeds
 from schedules.models import DEFINITION_FIELDS, Kind, Lane, MisfirePolicy, OverlapPolicy, Schedule, ScheduleState
 from schedules.services import MAX_PREVIEW_COUNT, NUMERIC_RANGES
 from schedules.timerules import local_time

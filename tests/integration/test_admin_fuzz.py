@@ -1,0 +1,142 @@
+"""The operator console never answers bad input with a 500: filters, bulk actions and the change form refuse it."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth import get_user_model
+from django.test import Client
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedules.models import Schedule
+from schedules.services import create_schedule
+
+LISTS = ("/admin/schedules/schedule/", "/admin/dispatch/occurrence/", "/admin/dispatch/outboxmessage/")
+FILTER_KEYS = (
+    "tenant__id__exact",
+    "handler",
+    "state",
+    "state__exact",
+    "lane",
+    "lane__exact",
+    "queue",
+    "kind__exact",
+    "manual__exact",
+    "q",
+    "o",
+    "p",
+)
+
+
+@pytest.fixture
+def console(db) -> Client:
+    operator = get_user_model().objects.create_superuser("fuzz", "fuzz@example.com", "operator-password")
+    client = Client(HTTP_HOST="localhost")
+    client.force_login(operator)
+    return client
+
+
+@pytest.fixture
+def schedule(tenant_a) -> Schedule:
+    created, _ = create_schedule(
+        tenant=tenant_a.tenant,
+        data={"name": "fuzzed", "kind": "cron", "cron": "*/5 * * * *", "handler": "noop"},
+        actor="test",
+    )
+    return created
+
+
+@pytest.mark.parametrize("path", LISTS)
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"tenant__id__exact": "abc"},
+        {"tenant__id__exact": "99999999999999999999999"},
+        {"handler": "no\x00op"},
+        {"state": "act\x00ive"},
+        {"state__exact": "\x00"},
+        {"lane": "str\x00ict"},
+        {"q": "\x00"},
+        {"p": "-1"},
+        {"o": "abc"},
+    ],
+)
+def test_a_bad_filter_value_is_refused_or_ignored_never_a_500(console, path, query):
+    response = console.get(path, query)
+    assert response.status_code < 500, (path, query)
+
+
+def test_the_token_admin_of_the_public_schema_is_not_offered(console):
+    """Tokens live in each tenant's schema; the public schema has no token table to list."""
+    assert console.get("/admin/authtoken/tokenproxy/").status_code == 404
+    assert b"authtoken/tokenproxy" not in console.get("/admin/").content
+
+
+@pytest.mark.parametrize("bad_id", ["not-a-uuid", "", "\x00", "1' OR '1'='1"])
+def test_a_bulk_action_with_a_malformed_id_is_refused_with_a_message(console, schedule, bad_id):
+    response = console.post(
+        "/admin/schedules/schedule/",
+        {"action": "pause_schedules", ACTION_CHECKBOX_NAME: [str(schedule.pk), bad_id]},
+        follow=True,
+    )
+    assert response.status_code < 500
+    schedule.refresh_from_db()
+    assert schedule.state == "active", "nothing done on a request that named a malformed id"
+
+
+def change_form(schedule: Schedule, **overrides: str) -> dict[str, str]:
+    data = {
+        "seen_version": str(schedule.version),
+        "name": schedule.name,
+        "kind": schedule.kind,
+        "cron": schedule.cron or "",
+        "run_at": "",
+        "timezone": schedule.timezone,
+        "lane": schedule.lane,
+        "flexible_window_seconds": str(schedule.flexible_window_seconds),
+        "priority": str(schedule.priority),
+        "handler": schedule.handler,
+        "payload": "{}",
+        "misfire_policy": schedule.misfire_policy,
+        "max_lateness_seconds": str(schedule.max_lateness_seconds),
+        "catchup_limit": str(schedule.catchup_limit),
+        "overlap_policy": schedule.overlap_policy,
+        "max_attempts": str(schedule.max_attempts),
+    }
+    data.update(overrides)
+    return data
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        '{"a": NaN}',
+        '{"a": Infinity}',
+        '{"a": 1e999}',
+        '{"a": -1e999}',
+        "[" * 3000 + "]" * 3000,
+        '{"a": ' + "[" * 3000 + "]" * 3000 + "}",
+        '{"a": "\\ud800"}',
+        '{"a": "\\u0000"}',
+        "not json",
+        "[]",
+        "",
+    ],
+)
+def test_a_payload_the_api_refuses_is_a_form_error_in_the_console_too(console, schedule, payload):
+    response = console.post(f"/admin/schedules/schedule/{schedule.pk}/change/", change_form(schedule, payload=payload))
+    assert response.status_code == 200, "the form is shown again with its errors"
+    assert b"errorlist" in response.content
+    schedule.refresh_from_db()
+    assert schedule.version == 1 and schedule.payload == {}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    key=st.sampled_from(FILTER_KEYS),
+    value=st.text(alphabet=st.characters(codec="utf-8"), max_size=40) | st.sampled_from(["\x00", "-1", "1e999"]),
+    path=st.sampled_from(LISTS),
+)
+def test_no_filter_value_on_any_list_is_a_500(console, key, value, path):
+    assert console.get(path, {key: value}).status_code < 500, (path, key, value)
