@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -12,12 +13,33 @@ from scheduler_project.env import env_bool, env_float, env_int, env_list, env_st
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
+# A fixed development key keeps local sessions valid across restarts on a developer's machine, where
+# DJANGO_DEBUG is not set at all. Saying DJANGO_DEBUG=0 declares a real deployment: then the key must be the
+# deployment's own (API.md, Configuration), or anyone who read this file could forge sessions.
+DEVELOPMENT_SECRET_KEY = "dev-only-insecure-key-change-me-in-production-0123456789"
+PRODUCTION = "DJANGO_DEBUG" in os.environ and not DEBUG
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG and env_bool("DJANGO_REQUIRE_SECRET_KEY", False):
-        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when DJANGO_REQUIRE_SECRET_KEY is on.")
-    # A fixed development key keeps local sessions valid across restarts; production sets its own.
-    SECRET_KEY = "dev-only-insecure-key-change-me-in-production-0123456789"
+if (PRODUCTION or env_bool("DJANGO_REQUIRE_SECRET_KEY", False)) and SECRET_KEY in ("", DEVELOPMENT_SECRET_KEY):
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY must be set to a secret of this deployment when DJANGO_DEBUG=0 "
+        "(for example: python -c 'import secrets; print(secrets.token_urlsafe(50))')."
+    )
+SECRET_KEY = SECRET_KEY or DEVELOPMENT_SECRET_KEY
+
+# Behind a TLS-terminating proxy: HSTS, cookies only over HTTPS, and the proxy's header trusted for is_secure().
+HTTPS = env_bool("SCHEDULER_HTTPS", False)
+if HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("SCHEDULER_HTTPS_REDIRECT", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("SCHEDULER_HSTS_SECONDS", 31536000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    # Preloading is a promise to browsers that is slow to take back: an operator opts in.
+    SECURE_HSTS_PRELOAD = env_bool("SCHEDULER_HSTS_PRELOAD", False)
+    if not SECURE_HSTS_PRELOAD:
+        SILENCED_SYSTEM_CHECKS = ["security.W021"]
+    SECURE_CONTENT_TYPE_NOSNIFF = True
 
 # A leading dot accepts every subdomain: tenants live at <slug>.localhost in development.
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", ".localhost"])
