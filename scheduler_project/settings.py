@@ -240,6 +240,9 @@ SCHEDULER_RETRY_CAP_SECONDS = env_float("SCHEDULER_RETRY_CAP_SECONDS", 300.0, mi
 SCHEDULER_HANDLER_TIMEOUT_SECONDS = env_float("SCHEDULER_HANDLER_TIMEOUT_SECONDS", 900.0, minimum=1.0)
 # Extra modules whose @handler functions workers (and the API's validation) know, comma-separated.
 SCHEDULER_HANDLER_MODULES = env_list("SCHEDULER_HANDLER_MODULES", [])
+# The webhook handler refuses loopback, private, link-local and reserved addresses (a tenant picks the URL); an
+# operator whose receivers live on a private network allows them here.
+SCHEDULER_WEBHOOK_ALLOW_PRIVATE = env_bool("SCHEDULER_WEBHOOK_ALLOW_PRIVATE", False)
 # Days of occurrences and attempts kept before prune_occurrences drops their partitions.
 SCHEDULER_RETENTION_DAYS = env_int("SCHEDULER_RETENTION_DAYS", 14, minimum=1)
 

@@ -2,16 +2,27 @@
 
 The receiver gets `Idempotency-Key: <occurrence_id>`, the same on every retry, failover and replay: at-least-once
 delivery becomes one business effect only where the receiver deduplicates on it (seed 000).
+
+A tenant chooses the URL, so the handler refuses loopback, private, link-local (cloud metadata) and reserved
+addresses unless the operator sets SCHEDULER_WEBHOOK_ALLOW_PRIVATE=1. The check is made on the resolved address, and
+the connection goes to exactly that address (the Host header and TLS name stay the URL's), so a DNS answer that
+changes between the check and the connect (rebinding) cannot reach an address that was not checked.
 """
 
 from __future__ import annotations
 
+import functools
+import http.client
+import ipaddress
 import json
 import logging
+import socket
 import urllib.error
 import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
+
+from django.conf import settings
 
 from dispatch.errors import CanceledError, PermanentError, TransientError
 from dispatch.handlers import handler
@@ -36,7 +47,81 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_opener = urllib.request.build_opener(_NoRedirects)
+class _PinnedHTTPConnection(http.client.HTTPConnection):
+    """Connects to the address that was checked, whatever the host name resolves to now."""
+
+    def __init__(self, *args: Any, pinned_ip: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pinned_ip = pinned_ip
+
+    def connect(self) -> None:
+        self.sock = socket.create_connection((self.pinned_ip, self.port), self.timeout)
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, *args: Any, pinned_ip: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pinned_ip = pinned_ip
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.pinned_ip, self.port), self.timeout)
+        # The certificate is checked against the URL's host name, not the address.
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
+class _PinnedHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, pinned_ip: str) -> None:
+        super().__init__()
+        self.pinned_ip = pinned_ip
+
+    def http_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(functools.partial(_PinnedHTTPConnection, pinned_ip=self.pinned_ip), req)
+
+
+class _PinnedHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, pinned_ip: str) -> None:
+        super().__init__()
+        self.pinned_ip = pinned_ip
+
+    def https_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(functools.partial(_PinnedHTTPSConnection, pinned_ip=self.pinned_ip), req)
+
+
+def _opener_for(pinned_ip: str) -> urllib.request.OpenerDirector:
+    # No proxy from the environment: the connection must go to the checked address itself.
+    return urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), _NoRedirects, _PinnedHTTPHandler(pinned_ip), _PinnedHTTPSHandler(pinned_ip)
+    )
+
+
+def _forbidden(address: str) -> bool:
+    """Loopback, private, link-local (169.254.169.254 and friends), shared, multicast or reserved: not the public
+    internet a tenant may address."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return not ip.is_global or ip.is_multicast
+
+
+def _checked_address(url: str) -> str:
+    """The address to connect to for `url`, after the private-address rule; raises for a refused target."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise TransientError(f"cannot resolve {host}: {exc}") from exc
+    addresses = [str(info[4][0]) for info in infos]
+    if not settings.SCHEDULER_WEBHOOK_ALLOW_PRIVATE:
+        refused = [address for address in addresses if _forbidden(address)]
+        if refused:
+            # Every address is checked, not only the first: a name with one public and one private answer is refused.
+            raise PermanentError(
+                f"payload.url {host} resolves to {refused[0]}, a loopback, private, link-local or reserved address; "
+                "the operator can allow such targets with SCHEDULER_WEBHOOK_ALLOW_PRIVATE=1"
+            )
+    return addresses[0]
 
 
 @handler("webhook")
@@ -63,8 +148,9 @@ def webhook(context: Any) -> None:
             "User-Agent": "scheduler-webhook/1",
         },
     )
+    opener = _opener_for(_checked_address(url))
     try:
-        with _opener.open(request, timeout=timeout) as response:
+        with opener.open(request, timeout=timeout) as response:
             status = response.status
     except urllib.error.HTTPError as exc:
         _raise_for_status(exc)

@@ -230,3 +230,51 @@ def test_an_absurd_timeout_is_capped_and_a_bad_one_refused(tenant, target, webho
 
     refused = webhook_occurrence(tenant, {"url": target.url, "timeout_seconds": "soon"})
     assert deliver(refused) == OccurrenceState.DEAD
+
+
+# --- private targets (SSRF) -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:9/hook",
+        "http://localhost:9/hook",
+        "http://10.1.2.3/hook",
+        "http://192.168.0.10/hook",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[::1]:9/hook",
+        "http://[::ffff:127.0.0.1]:9/hook",
+        "http://0.0.0.0:9/hook",
+    ],
+)
+def test_the_webhook_refuses_private_and_metadata_targets_by_default(settings, url):
+    from dispatch.errors import PermanentError
+    from dispatch.handlers.webhook import _checked_address
+
+    settings.SCHEDULER_WEBHOOK_ALLOW_PRIVATE = False
+    with pytest.raises(PermanentError, match="SCHEDULER_WEBHOOK_ALLOW_PRIVATE=1"):
+        _checked_address(url)
+
+
+def test_the_webhook_connects_to_the_address_it_checked_not_to_a_later_dns_answer(settings, monkeypatch):
+    """DNS rebinding: the first answer (checked) is public, a later one private; the connection uses the first."""
+    import socket as socket_module
+
+    from dispatch.handlers import webhook as webhook_module
+
+    settings.SCHEDULER_WEBHOOK_ALLOW_PRIVATE = False
+    answers = iter([[(socket_module.AF_INET, socket_module.SOCK_STREAM, 6, "", ("93.184.216.34", 80))]])
+    monkeypatch.setattr(webhook_module.socket, "getaddrinfo", lambda *a, **k: next(answers))
+    connected: list[tuple] = []
+
+    def record(address, *args, **kwargs):
+        connected.append(address)
+        raise OSError("no network in tests")
+
+    monkeypatch.setattr(webhook_module.socket, "create_connection", record)
+    pinned = webhook_module._checked_address("http://rebinding.example/hook")
+    opener = webhook_module._opener_for(pinned)
+    with pytest.raises(OSError):
+        opener.open("http://rebinding.example/hook", timeout=1)
+    assert connected == [("93.184.216.34", 80)]
