@@ -161,18 +161,7 @@ def _write_chunk(chunk: list[ExpectedFire], now: datetime) -> int:
         )
         new_ids = {row[0] for row in cursor.fetchall()}
         # Released now: the fires are already late; the lane's queue keeps strict and flexible work apart.
-        fires = [
-            Fire.for_lane(
-                f.occurrence_id,
-                f.scheduled_for,
-                tenant_id=f.tenant_id,
-                lane=f.lane,
-                available_at=now,
-                priority=f.priority,
-            )
-            for f in chunk
-            if f.occurrence_id in new_ids
-        ]
+        fires = [Fire.of(f, available_at=now) for f in chunk if f.occurrence_id in new_ids]
         enqueue(cursor, fires)
     return len(new_ids)
 

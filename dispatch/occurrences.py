@@ -39,16 +39,8 @@ class InFlight:
 
 def _enqueue_one(occurrence: Occurrence, *, available_at: datetime) -> None:
     """Put one occurrence in the outbox (its own envelope), in the caller's transaction."""
-    fire = Fire.for_lane(
-        occurrence.occurrence_id,
-        occurrence.scheduled_for,
-        tenant_id=occurrence.tenant_id,
-        lane=occurrence.lane,
-        available_at=available_at,
-        priority=occurrence.priority,
-    )
     with connection.cursor() as cursor:
-        enqueue(cursor, [fire])
+        enqueue(cursor, [Fire.of(occurrence, available_at=available_at)])
 
 
 def invalidate_unclaimed_occurrences(
@@ -365,17 +357,7 @@ def replay_stuck(
     for page in stuck_pages(
         since=since, until=now, now=now, stuck_after_seconds=older_than_seconds, tenant_id=tenant_id
     ):
-        fires = [
-            Fire.for_lane(
-                row.occurrence_id,
-                row.scheduled_for,
-                tenant_id=row.tenant_id,
-                lane=row.lane,
-                available_at=now,
-                priority=row.priority,
-            )
-            for row in page
-        ]
+        fires = [Fire.of(row, available_at=now) for row in page]
         with transaction.atomic(), connection.cursor() as cursor:
             enqueue(cursor, fires)
         by_state.update(row.state for row in page)

@@ -11,6 +11,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 
@@ -43,6 +44,18 @@ class Fire:
     ) -> Fire:
         """The fire of one occurrence on its lane's queue: strict and flexible work never share a queue."""
         return cls(occurrence_id, scheduled_for, tenant_id, queue_for_lane(lane), available_at, priority)
+
+    @classmethod
+    def of(cls, occurrence: Any, *, available_at: datetime) -> Fire:
+        """`for_lane` for anything that carries an occurrence's columns (a row, an expected fire, a stuck one)."""
+        return cls.for_lane(
+            occurrence.occurrence_id,
+            occurrence.scheduled_for,
+            tenant_id=occurrence.tenant_id,
+            lane=occurrence.lane,
+            available_at=available_at,
+            priority=occurrence.priority,
+        )
 
 
 @dataclass(frozen=True)
