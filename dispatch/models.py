@@ -64,6 +64,9 @@ class Occurrence(models.Model):
     # Set by backfill and replay: an operator asked for this very fire, so the worker runs it even when the
     # schedule has moved to a newer version since (a canceled schedule still wins).
     forced = models.BooleanField(default=False)
+    # Already due when its schedule changed version: it keeps its slot through that change (not withdrawn), but
+    # unlike a forced one it still meets the misfire policy and the deadline at claim (nobody asked for it late).
+    kept = models.BooleanField(default=False, db_default=False)
     state = models.CharField(max_length=16, choices=OccurrenceState.choices, default=OccurrenceState.SCHEDULED)
     # Why the occurrence is in its state when that is not obvious: which rule made it missed, skipped or canceled,
     # in words an operator can act on ("late by 612 s > max lateness 60 s (skip)"). Empty for the ordinary path;

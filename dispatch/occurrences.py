@@ -61,8 +61,9 @@ def invalidate_unclaimed_occurrences(
         schedule_id=schedule_id, schedule_version__lt=below_version, state__in=UNCLAIMED_STATES
     )
     if keep_due_at is not None:
-        # Fires due by then keep their slot: forced, so the worker's version re-check lets them run.
-        withdrawn.filter(scheduled_for__lte=keep_due_at).update(forced=True)
+        # Fires due by then keep their slot: kept, so the worker's version re-check lets them run (its misfire and
+        # deadline rules still apply).
+        withdrawn.filter(scheduled_for__lte=keep_due_at).update(kept=True)
         withdrawn = withdrawn.filter(scheduled_for__gt=keep_due_at)
     if not include_forced:
         withdrawn = withdrawn.exclude(forced=True)
@@ -87,7 +88,7 @@ MAX_OWED_FIRES = 10_000
 def materialize_owed_fires(schedule, *, now: datetime) -> int:
     """Produce the fires the current version still owes up to `now` (the materializer was behind) before a change
     moves the cursor on, exactly as the materializer would have: the misfire policy decides which are delivered
-    and which are recorded missed (with the reason). Delivered ones are forced, so the change that follows does
+    and which are recorded missed (with the reason). Delivered ones are kept, so the change that follows does
     not withdraw them: they were due before it. Returns how many rows were written.
 
     The caller holds the schedule's row lock, so the materializer (SKIP LOCKED) cannot plan this schedule at the
@@ -135,7 +136,7 @@ def materialize_owed_fires(schedule, *, now: datetime) -> int:
                 lane=schedule.lane,
                 priority=schedule.priority,
                 state=p.state,
-                forced=p.state == OccurrenceState.SCHEDULED,
+                kept=p.state == OccurrenceState.SCHEDULED,
                 finished_at=now if p.state == OccurrenceState.MISSED else None,
                 state_reason=p.reason,
             )

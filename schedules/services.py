@@ -354,6 +354,7 @@ def update_schedule(
         if schedule.state == ScheduleState.CANCELED:
             raise StateConflict("A canceled schedule cannot be changed.")
         merged = {field: getattr(schedule, field) for field in DEFINITION_FIELDS}
+        stored_run_at = schedule.run_at
         merged.update(changes)
         # Switching kind drops the time field of the old kind unless the caller set it explicitly.
         if merged["kind"] == Kind.ONCE and "cron" not in changes:
@@ -367,7 +368,8 @@ def update_schedule(
             was_counted = schedule.state == ScheduleState.ACTIVE
             # A zone or expression change affects only fires after now, under the new version. A one-off given a
             # run_at that has already passed keeps it as its cursor, as at create: the misfire policy decides.
-            if schedule.kind == Kind.ONCE and changes.get("run_at") is not None:
+            # Only a new run_at: a client resending the stored one (a whole GET body) must not fire it again.
+            if schedule.kind == Kind.ONCE and changes.get("run_at") is not None and schedule.run_at != stored_run_at:
                 schedule.next_run_at = schedule.run_at
             else:
                 schedule.next_run_at = _next_fire_after_change(schedule.time_rule, now)

@@ -95,6 +95,7 @@ class _Observed:
     priority: int
     manual: bool
     forced: bool
+    kept: bool
     schedule_id: uuid.UUID
     schedule_state: str
     schedule_version: int
@@ -174,7 +175,7 @@ def _decide(cursor, key: dict[str, Any], o: _Observed, worker_name: str) -> Clai
             return Drop("lost_race", None)
         return Drop(reason, new_state)
 
-    if schedule_withdraws(o.schedule_state, o.schedule_version, o.occurrence_version, forced=o.forced):
+    if schedule_withdraws(o.schedule_state, o.schedule_version, o.occurrence_version, forced=o.forced or o.kept):
         return move(
             OccurrenceState.CANCELED, "schedule_changed", withdrawal_reason(o.schedule_state, o.schedule_version)
         )

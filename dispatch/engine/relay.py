@@ -223,6 +223,10 @@ class Relay:
                 await self.db.execute(outbox_sql.MARK_PUBLISHED, {"ids": ids, "published_ats": stamps})
         if ids:
             crash_point("relay.after_stamp")
+        if failed:
+            # A returned message usually means its queue is gone: declare the queues again before the next step,
+            # also when other envelopes of this step went through.
+            self._queues_declared = False
         if failed and not ids:
             raise PublishFailed(f"none of {failed} due envelopes could be published")
         self.stats.published_envelopes += len(ids)

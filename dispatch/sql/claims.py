@@ -37,7 +37,7 @@ SELECT overlap_policy FROM schedules_schedule WHERE id = %(schedule_id)s FOR UPD
 # whatever version each was created under.
 LOCK_OCCURRENCE = """
 SELECT o.state, o.attempt_count, o.lease_expires_at, o.available_at, o.schedule_version, o.tenant_id, o.lane,
-       o.priority, o.manual, o.forced, s.id, s.state, s.version, s.overlap_policy,
+       o.priority, o.manual, o.forced, o.kept, s.id, s.state, s.version, s.overlap_policy,
        COALESCE(v.definition ->> 'handler', s.handler),
        COALESCE(v.definition -> 'payload', s.payload),
        COALESCE((v.definition ->> 'max_attempts')::int, s.max_attempts),
@@ -156,7 +156,7 @@ WHERE occurrence_id = %(occurrence_id)s AND scheduled_for = %(scheduled_for)s AN
 # Right before the side effect (ARCHITECTURE rule 5): is the schedule still this version and not canceled, and is
 # the occurrence still ours (same generation, running)?
 PRECHECK = """
-SELECT s.state, s.version, o.state, o.attempt_count, o.forced
+SELECT s.state, s.version, o.state, o.attempt_count, o.forced OR o.kept
 FROM dispatch_occurrence AS o
 JOIN schedules_schedule AS s ON s.id = o.schedule_id
 WHERE o.occurrence_id = %(occurrence_id)s AND o.scheduled_for = %(scheduled_for)s

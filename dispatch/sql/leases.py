@@ -97,7 +97,7 @@ WITH mine AS (
     WHERE o.occurrence_id = mine.occurrence_id AND o.scheduled_for = mine.scheduled_for
       AND o.state = 'running' AND o.attempt_count = mine.generation
     RETURNING o.occurrence_id, o.scheduled_for, o.attempt_count, o.schedule_id, o.schedule_version,
-              o.lease_expires_at, mine.attempt_id, o.forced
+              o.lease_expires_at, mine.attempt_id, o.forced OR o.kept AS forced
 ), beat AS (
     UPDATE dispatch_attempt AS a
     SET heartbeat_at = clock_timestamp(), lease_expires_at = renewed.lease_expires_at
@@ -121,7 +121,7 @@ REAP_EXPIRED_LEASES = """
 WITH expired AS (
     SELECT o.occurrence_id, o.scheduled_for, o.attempt_count, s.state AS schedule_state,
            s.version AS schedule_version,
-           s.version <> o.schedule_version AND NOT o.forced AS superseded,
+           s.version <> o.schedule_version AND NOT (o.forced OR o.kept) AS superseded,
            COALESCE((v.definition ->> 'max_attempts')::int, s.max_attempts) AS max_attempts,
            NOT o.forced AND o.scheduled_for + make_interval(secs => %(deadline)s) < %(now)s AS past_deadline
     FROM dispatch_occurrence AS o

@@ -55,15 +55,16 @@ RETURNING occurrence_id
 COMPLETE_FIRED_ONE_OFFS = """
 UPDATE schedules_schedule AS s SET state = 'completed', updated_at = clock_timestamp()
 WHERE s.id IN (
-    SELECT id FROM schedules_schedule
-    WHERE state = 'active' AND next_run_at IS NULL AND kind = 'once'
+    -- The "ended" test comes before the LIMIT: one-offs still running must not fill every pass's page.
+    SELECT c.id FROM schedules_schedule AS c
+    WHERE c.state = 'active' AND c.next_run_at IS NULL AND c.kind = 'once'
+      AND NOT EXISTS (
+        SELECT 1 FROM dispatch_occurrence AS o
+        WHERE o.schedule_id = c.id AND o.schedule_version = c.version
+          AND o.state NOT IN ('succeeded', 'dead', 'missed', 'canceled', 'skipped_overlap'))
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-  AND NOT EXISTS (
-    SELECT 1 FROM dispatch_occurrence AS o
-    WHERE o.schedule_id = s.id AND o.schedule_version = s.version
-      AND o.state NOT IN ('succeeded', 'dead', 'missed', 'canceled', 'skipped_overlap'))
 RETURNING s.id
 """
 

@@ -101,7 +101,7 @@ def test_owed_fires_of_a_catch_up_schedule_are_delivered_not_missed_when_it_is_p
     assert owed.count() >= 5
     assert not owed.filter(state=OccurrenceState.MISSED).exists(), "on time for its policy: delivered"
     for occurrence in owed:
-        assert occurrence.forced, "the PATCH that follows does not withdraw a fire that was already due"
+        assert occurrence.kept, "the PATCH that follows does not withdraw a fire that was already due"
         assert OutboxMessage.objects.filter(occurrence_ids__contains=[occurrence.occurrence_id]).exists()
 
 
@@ -136,7 +136,7 @@ def test_a_flexible_fire_already_due_keeps_its_jittered_slot_through_a_patch(api
 
     due.refresh_from_db()
     future.refresh_from_db()
-    assert due.state == OccurrenceState.SCHEDULED and due.forced, "due before the change: keeps its slot"
+    assert due.state == OccurrenceState.SCHEDULED and due.kept, "due before the change: keeps its slot"
     assert due.available_at == now + timedelta(seconds=200)
     assert future.state == OccurrenceState.CANCELED, "after the change: the new version decides"
 
@@ -249,3 +249,32 @@ def test_a_materialized_one_off_is_active_and_pausable_until_its_occurrence_ends
     assert shown["state"] == "active", "materialized a horizon ahead is not completed"
     assert shown["next_run_at"] == created["run_at"]
     assert api_a.post(url(created, "pause/")).status_code == 200
+
+
+def test_a_fire_kept_through_a_change_still_meets_its_misfire_policy_at_claim(api_a, cron_body, make_occurrence):
+    """Kept is not forced: a skip fire an hour late after an outage is missed, change or no change."""
+    from dispatch.engine.worker import try_claim
+
+    created = create(api_a, {**cron_body, "cron": "* * * * *", "misfire_policy": "skip", "max_lateness_seconds": 60})
+    schedule = Schedule.objects.get(pk=created["id"])
+    late = make_occurrence(schedule, at=db_now() - timedelta(hours=1), state=OccurrenceState.ENQUEUED)
+
+    api_a.patch(url(created), {"priority": 1}, format="json")
+    late.refresh_from_db()
+    assert late.kept and not late.forced and late.state == OccurrenceState.ENQUEUED
+
+    try_claim(late.occurrence_id, late.scheduled_for, "kept-worker")
+    late.refresh_from_db()
+    assert late.state == OccurrenceState.MISSED and "late by" in late.state_reason
+
+
+def test_a_patch_resending_the_stored_run_at_does_not_fire_a_completed_one_off_again(api_a):
+    run_at = db_now() - timedelta(minutes=30)  # it fired half an hour ago
+    created = create(api_a, once_body(run_at, misfire_policy="fire_once"))
+    Schedule.objects.filter(pk=created["id"]).update(state="completed", next_run_at=None)
+    shown = api_a.get(url(created)).json()
+
+    response = api_a.patch(url(created), {**shown, "payload": {"edited": True}}, format="json")
+
+    assert response.status_code == 200
+    assert response.json()["state"] == "completed", "the same run_at is not a new fire"
