@@ -118,6 +118,15 @@ def materialize_owed_fires(schedule, *, now: datetime) -> int:
         if plan.new_cursor is None or plan.new_cursor == due.next_run_at:
             break
         due = dataclasses.replace(due, next_run_at=plan.new_cursor)
+    if due.next_run_at is not None and due.next_run_at <= now and len(planned) >= MAX_OWED_FIRES:
+        # Further behind than one call may write: the rest has no row, and reconcile will report it as gaps.
+        logger.error(
+            "schedule %s is more than %d fires behind; fires from %s on are left to reconcile and backfill",
+            schedule.id,
+            MAX_OWED_FIRES,
+            due.next_run_at.isoformat(),
+            extra={"action": "owed_fires_truncated"},
+        )
     existing = set(
         Occurrence.objects.filter(occurrence_id__in=[p.occurrence_id for p in planned]).values_list(
             "occurrence_id", flat=True
@@ -169,8 +178,15 @@ def materialize_owed_fires(schedule, *, now: datetime) -> int:
     return len(new)
 
 
-def record_missed_fire(schedule, *, at: datetime, now: datetime, reason: str) -> None:
-    """Record one fire of the current version as missed, with why (a one-off whose time passed in a pause)."""
+def record_missed_fire(schedule, *, at: datetime, now: datetime, reason: str) -> bool:
+    """Record one fire of the current version as missed, with why (a one-off whose time passed in a pause), unless
+    that fire already has a live row of an earlier version (kept through the pause, it still runs or ran)."""
+    if (
+        Occurrence.objects.filter(schedule_id=schedule.id, scheduled_for=at, manual=False)
+        .exclude(state=OccurrenceState.CANCELED)
+        .exists()
+    ):
+        return False
     Occurrence.objects.bulk_create(
         [
             Occurrence(
@@ -189,6 +205,7 @@ def record_missed_fire(schedule, *, at: datetime, now: datetime, reason: str) ->
         ],
         ignore_conflicts=True,
     )
+    return True
 
 
 # Pending fires older than this are stuck (dispatch/stuck.py) rather than "next": they are reported there, and the

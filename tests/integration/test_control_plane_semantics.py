@@ -278,3 +278,17 @@ def test_a_patch_resending_the_stored_run_at_does_not_fire_a_completed_one_off_a
 
     assert response.status_code == 200
     assert response.json()["state"] == "completed", "the same run_at is not a new fire"
+
+
+def test_a_resume_does_not_record_missed_a_one_off_fire_that_was_kept_through_the_pause(api_a, make_occurrence):
+    run_at = db_now() - timedelta(seconds=20)
+    created = create(api_a, once_body(db_now() + timedelta(minutes=30)))
+    schedule = Schedule.objects.get(pk=created["id"])
+    Schedule.objects.filter(pk=schedule.pk).update(run_at=run_at, next_run_at=None)
+    kept = make_occurrence(schedule, at=run_at, state=OccurrenceState.RUNNING, attempt_count=1)
+    api_a.post(url(created, "pause/"))
+
+    api_a.post(url(created, "resume/"))
+
+    rows = list(Occurrence.objects.filter(schedule_id=created["id"]))
+    assert [row.occurrence_id for row in rows] == [kept.occurrence_id], "no second, misleading 'missed' row"
