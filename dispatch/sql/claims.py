@@ -15,6 +15,8 @@ and then a running occurrence, so these never form a cycle.
 
 from __future__ import annotations
 
+from dispatch.sql import OWN_VERSION_SNAPSHOT
+
 # --- claim -----------------------------------------------------------------------------------------------------
 
 # Serialises the overlap decision of all occurrences of one schedule: with the row held, two occurrences can never
@@ -35,7 +37,8 @@ SELECT overlap_policy FROM schedules_schedule WHERE id = %(schedule_id)s FOR UPD
 # version row falls back to the schedule row, field by field.
 # The overlap policy is the schedule's current one on purpose: it serialises the schedule's occurrences now,
 # whatever version each was created under.
-LOCK_OCCURRENCE = """
+LOCK_OCCURRENCE = (
+    """
 SELECT o.state, o.attempt_count, o.lease_expires_at, o.available_at, o.schedule_version, o.tenant_id, o.lane,
        o.priority, o.manual, o.forced, o.kept, s.id, s.state, s.version, s.overlap_policy,
        COALESCE(v.definition ->> 'handler', s.handler),
@@ -47,14 +50,12 @@ SELECT o.state, o.attempt_count, o.lease_expires_at, o.available_at, o.schedule_
        COALESCE(%(now)s::timestamptz, clock_timestamp())
 FROM dispatch_occurrence AS o
 JOIN schedules_schedule AS s ON s.id = o.schedule_id
-LEFT JOIN LATERAL (
-    SELECT definition FROM schedules_scheduleversion
-    WHERE schedule_id = o.schedule_id AND version = o.schedule_version AND o.schedule_version <> s.version
-    OFFSET 0
-) AS v ON true
-WHERE o.occurrence_id = %(occurrence_id)s AND o.scheduled_for = %(scheduled_for)s
+"""
+    + OWN_VERSION_SNAPSHOT
+    + """WHERE o.occurrence_id = %(occurrence_id)s AND o.scheduled_for = %(scheduled_for)s
 FOR UPDATE OF o
 """
+)
 
 # Overlap: another occurrence of the schedule running under a live lease (its id goes into the reason). Served by
 # the partial index occurrence_active_by_schedule (schedule_id) WHERE state IN ('running', 'retry_wait'); an expired

@@ -6,6 +6,8 @@ attempt_count on every claim, and every renewal or commit presents the number it
 
 from __future__ import annotations
 
+from dispatch.sql import OWN_VERSION_SNAPSHOT
+
 # --- shard leases (materializer) ------------------------------------------------------------------------------
 
 # Rows for every shard exist up front, so claiming is an UPDATE and never races an INSERT.
@@ -117,7 +119,8 @@ JOIN schedules_schedule AS s ON s.id = r.schedule_id
 # occurrence deadline has passed (not for forced ones, see dispatch/engine/retry.deadline_of); otherwise
 # retry_wait, due at once, with a new envelope written by the caller for the returned rows. A worker's death is
 # not its tenant's doing, so these retries take no slot of the tenant's retry budget.
-REAP_EXPIRED_LEASES = """
+REAP_EXPIRED_LEASES = (
+    """
 WITH expired AS (
     SELECT o.occurrence_id, o.scheduled_for, o.attempt_count, s.state AS schedule_state,
            s.version AS schedule_version,
@@ -126,12 +129,9 @@ WITH expired AS (
            NOT o.forced AND o.scheduled_for + make_interval(secs => %(deadline)s) < %(now)s AS past_deadline
     FROM dispatch_occurrence AS o
     JOIN schedules_schedule AS s ON s.id = o.schedule_id
-    LEFT JOIN LATERAL (
-        SELECT definition FROM schedules_scheduleversion
-        WHERE schedule_id = o.schedule_id AND version = o.schedule_version AND o.schedule_version <> s.version
-        OFFSET 0
-    ) AS v ON true
-    WHERE o.state = 'running' AND o.lease_expires_at < %(now)s
+"""
+    + OWN_VERSION_SNAPSHOT
+    + """    WHERE o.state = 'running' AND o.lease_expires_at < %(now)s
     ORDER BY o.lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
@@ -168,6 +168,7 @@ WITH expired AS (
 )
 SELECT occurrence_id, scheduled_for, tenant_id, lane, priority, state, attempt_count, state_reason FROM moved
 """
+)
 
 # Heartbeat rows of processes that stopped writing them long ago (killed, or their host gone): every process has a
 # fresh name, so without this the table only grows. A small table: the scan is cheaper than an index to maintain.

@@ -67,13 +67,9 @@ class Command(BaseCommand):
             self.handle_peer_beat(options)
 
     def handle_burst(self, options: dict[str, Any]) -> None:
-        for name in ("schedules", "tenants", "materializers", "relays"):
-            if options[name] < 1:
-                raise CommandError(f"--{name} must be at least 1")
+        check_process_options(options, "schedules", "tenants", "materializers", "relays")
         if options["idle"] < 0:
             raise CommandError("--idle must not be negative")
-        if options["tenants"] > 50:
-            raise CommandError("--tenants is limited to 50 (each bench tenant gets its own schema)")
         config = BurstConfig(
             schedules=options["schedules"],
             tenants=options["tenants"],
@@ -92,11 +88,7 @@ class Command(BaseCommand):
         self.stdout.write(result_line(result))
 
     def handle_drain(self, options: dict[str, Any]) -> None:
-        for name in ("occurrences", "workers", "concurrency", "tenants", "materializers", "relays"):
-            if options[name] < 1:
-                raise CommandError(f"--{name} must be at least 1")
-        if options["tenants"] > 50:
-            raise CommandError("--tenants is limited to 50 (each bench tenant gets its own schema)")
+        check_process_options(options, "occurrences", "workers", "concurrency", "tenants", "materializers", "relays")
         if options["kill_one_of_each"] and min(options["materializers"], options["relays"], options["workers"]) < 2:
             raise CommandError("--kill-one-of-each needs at least 2 materializers, 2 relays and 2 workers")
         config = DrainConfig(
@@ -143,6 +135,15 @@ class Command(BaseCommand):
                 "bench peer-beat interrupted: beat stopped, the bench's rows and queue removed", returncode=130
             ) from None
         self.stdout.write(result_line(result))
+
+
+def check_process_options(options: dict[str, Any], *names: str) -> None:
+    """The counts a burst or a drain starts processes and tenants by: each at least 1, tenants at most 50."""
+    for name in names:
+        if options[name] < 1:
+            raise CommandError(f"--{name} must be at least 1")
+    if options["tenants"] > 50:
+        raise CommandError("--tenants is limited to 50 (each bench tenant gets its own schema)")
 
 
 def peer_beat_config(options: dict[str, Any]) -> PeerBeatConfig:
