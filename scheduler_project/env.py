@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 from django.core.exceptions import ImproperlyConfigured
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+# A request rate as DRF's throttles parse it (they read only the first letter of the period).
+_RATE = re.compile(r"^(\d+)/(s|sec|second|m|min|minute|h|hour|d|day)$")
 
 
 def env_str(name: str, default: str) -> str:
@@ -42,7 +45,7 @@ def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int
     return value
 
 
-def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+def env_float(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
     raw = os.environ.get(name)
     if raw is None:
         return default
@@ -54,6 +57,8 @@ def env_float(name: str, default: float, *, minimum: float | None = None) -> flo
         raise ImproperlyConfigured(f"{name}={raw!r} is not a finite number.")
     if minimum is not None and value < minimum:
         raise ImproperlyConfigured(f"{name}={value} is below its minimum {minimum}.")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}={value} is above its maximum {maximum}.")
     return value
 
 
@@ -62,3 +67,15 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_rate(name: str, default: str) -> str:
+    """A request rate such as `6000/min`: a count of at least 1 per s, min, hour or day."""
+    raw = os.environ.get(name, default)
+    match = _RATE.match(raw.strip().replace(" ", ""))
+    if match is None or int(match[1]) < 1:
+        raise ImproperlyConfigured(
+            f"{name}={raw!r} is not a request rate; use <count>/<s|min|hour|day> with a count of at least 1, "
+            "e.g. 6000/min."
+        )
+    return f"{int(match[1])}/{match[2]}"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from scheduler_project.env import env_bool, env_float, env_int, env_list, env_str
+from scheduler_project.env import env_bool, env_float, env_int, env_list, env_rate, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -55,6 +56,8 @@ SHARED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django.contrib.postgres",
+    # Admin login lockouts; its tables sit in the public schema with the operators they protect.
+    "axes",
     "rest_framework",
     "django_filters",
     "drf_spectacular",
@@ -92,6 +95,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes requires: turns a login refused for a lockout into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 TEMPLATES = [
@@ -125,6 +130,11 @@ DATABASES = {"default": _database}
 DATABASE_ROUTERS = ["django_tenants.routers.TenantSyncRouter"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# django-axes first: it refuses a locked-out login before any backend checks the password.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -147,6 +157,34 @@ WHITENOISE_USE_FINDERS = True
 # Request bodies above this are refused before parsing (413); the payload field has its own 64 KiB rule.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 256 * 1024
 
+# Shared by every process: the API throttle counters must agree across gunicorn workers, or each worker would grant
+# the full rate again. The database is the one shared store every deployment has (no extra service for
+# `make demo`); the table is created by schedules migration 0004, in the public schema, and is UNLOGGED.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+        "LOCATION": "scheduler_cache",
+        # Entries expire with their throttle window, so the table holds roughly one key per client active in the
+        # last minute; every write counts the rows, so the bound is kept modest. Culling only forgets counts.
+        "OPTIONS": {"MAX_ENTRIES": 20_000},
+    }
+}
+
+# --- API request rates (schedules/api/throttles.py); a refused request answers 429 with Retry-After ---
+# Each API token's own budget.
+SCHEDULER_API_RATE = env_rate("SCHEDULER_API_RATE", "6000/min")
+_api_rate_count, _api_rate_period = SCHEDULER_API_RATE.split("/")
+# All tokens of one tenant together, so one tenant cannot take the control plane from the others; only
+# authenticated requests count. The default leaves room for three tokens at their full rate.
+SCHEDULER_API_TENANT_RATE = env_rate("SCHEDULER_API_TENANT_RATE", f"{3 * int(_api_rate_count)}/{_api_rate_period}")
+# Requests without a valid token (the schema, the docs, a missing or bad token), per client address (an IPv6
+# client per /64). They never touch a tenant's or a token's budget.
+SCHEDULER_API_ANON_RATE = env_rate("SCHEDULER_API_ANON_RATE", "300/min")
+# Reverse proxies in front of the web process that append the client's address to X-Forwarded-For. 0 (the default):
+# the client address is REMOTE_ADDR and the header is ignored, since any client can write it. Used by the API
+# throttles and the admin login lockout (scheduler_project/client_address.py).
+SCHEDULER_NUM_PROXIES = env_int("SCHEDULER_NUM_PROXIES", 0, minimum=0, maximum=10)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.TokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -154,8 +192,16 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": env_int("SCHEDULER_API_PAGE_SIZE", 50, minimum=1, maximum=1000),
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_THROTTLE_CLASSES": ["schedules.api.throttles.TenantRateThrottle"],
-    "DEFAULT_THROTTLE_RATES": {"tenant": env_str("SCHEDULER_API_RATE", "6000/min")},
+    "DEFAULT_THROTTLE_CLASSES": [
+        "schedules.api.throttles.ApiClientThrottle",
+        "schedules.api.throttles.AddressRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "token": SCHEDULER_API_RATE,
+        "tenant": SCHEDULER_API_TENANT_RATE,
+        "anon": SCHEDULER_API_ANON_RATE,
+    },
+    "NUM_PROXIES": SCHEDULER_NUM_PROXIES,
     "EXCEPTION_HANDLER": "schedules.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
@@ -204,6 +250,24 @@ LOGGING = {
 # Hosts that serve the operator console, /metrics and /healthz (the public schema).
 SCHEDULER_PUBLIC_HOSTS = env_list("SCHEDULER_PUBLIC_HOSTS", ["localhost", "127.0.0.1"])
 
+# --- Operator console login lockout (django-axes) ---
+# After this many failed logins for one username from one client address, that pair is locked out; the same
+# operator from another address, and other usernames from this one, are not (a guesser cannot lock operators out).
+SCHEDULER_ADMIN_LOGIN_FAILURE_LIMIT = env_int("SCHEDULER_ADMIN_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+# How long a lockout lasts; every attempt during it, right password or not, starts it again.
+SCHEDULER_ADMIN_LOCKOUT_SECONDS = env_int("SCHEDULER_ADMIN_LOCKOUT_SECONDS", 900, minimum=1)
+AXES_FAILURE_LIMIT = SCHEDULER_ADMIN_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(seconds=SCHEDULER_ADMIN_LOCKOUT_SECONDS)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# A successful login forgets the earlier failures of that username and address.
+AXES_RESET_ON_SUCCESS = True
+# The same address rules as the API throttles: X-Forwarded-For only behind SCHEDULER_NUM_PROXIES proxies.
+AXES_CLIENT_IP_CALLABLE = "scheduler_project.client_address.client_address"
+# The console's own lockout page (429 with Retry-After) instead of axes' bare text.
+AXES_LOCKOUT_CALLABLE = "scheduler_project.lockout.lockout_response"
+# No start-up banner from every manage.py command; lockouts are still logged as warnings.
+AXES_VERBOSE = False
+
 # Occurrences per AMQP message (envelope). 100 keeps a message small (~6 KB) and a confirm amortised.
 SCHEDULER_ENVELOPE_SIZE = env_int("SCHEDULER_ENVELOPE_SIZE", 100, minimum=1, maximum=1000)
 # Schedules planned per materializer transaction: large enough to amortise round trips, small enough to keep
@@ -215,6 +279,9 @@ SCHEDULER_LEASE_SECONDS = env_float("SCHEDULER_LEASE_SECONDS", 15.0, minimum=1.0
 SCHEDULER_MATERIALIZE_IDLE_SECONDS = env_float("SCHEDULER_MATERIALIZE_IDLE_SECONDS", 1.0, minimum=0.01)
 # Envelopes the relay claims and keeps in flight per transaction (each holds up to SCHEDULER_ENVELOPE_SIZE).
 SCHEDULER_RELAY_BATCH = env_int("SCHEDULER_RELAY_BATCH", 500, minimum=1)
+# The part of a relay batch flexible work keeps while strict work is due: the strict lane has the rest reserved,
+# and flexible work is never starved by a strict burst.
+SCHEDULER_FLEXIBLE_MIN_SHARE = env_float("SCHEDULER_FLEXIBLE_MIN_SHARE", 0.1, minimum=0.0, maximum=1.0)
 # Published envelopes settled (stamp copied to occurrences) per step while nothing is due.
 SCHEDULER_SETTLE_BATCH = env_int("SCHEDULER_SETTLE_BATCH", 50, minimum=1)
 # Longest nap of an idle relay: new envelopes for "now" (manual triggers, retries) wait at most this long.
@@ -233,6 +300,10 @@ SCHEDULER_WORKER_THREADS = env_int("SCHEDULER_WORKER_THREADS", 8, minimum=1, max
 SCHEDULER_WORKER_LEASE_SECONDS = env_float("SCHEDULER_WORKER_LEASE_SECONDS", 30.0, minimum=1.0)
 # queue_one: how soon an occurrence waiting for its running predecessor is offered again.
 SCHEDULER_OVERLAP_RECHECK_SECONDS = env_float("SCHEDULER_OVERLAP_RECHECK_SECONDS", 5.0, minimum=0.1)
+# max_running: an occurrence over its tenant's quota is offered again after a quarter of its wait so far, at least
+# the first and at most the second of these (jittered).
+SCHEDULER_RUNNING_RECHECK_SECONDS = env_float("SCHEDULER_RUNNING_RECHECK_SECONDS", 1.0, minimum=0.05)
+SCHEDULER_RUNNING_RECHECK_MAX_SECONDS = env_float("SCHEDULER_RUNNING_RECHECK_MAX_SECONDS", 30.0, minimum=0.05)
 # Transient failures back off exponentially with full jitter: uniform(0, min(cap, base * 2**(attempt-1))).
 SCHEDULER_RETRY_BASE_SECONDS = env_float("SCHEDULER_RETRY_BASE_SECONDS", 1.0, minimum=0.0)
 SCHEDULER_RETRY_CAP_SECONDS = env_float("SCHEDULER_RETRY_CAP_SECONDS", 300.0, minimum=0.0)

@@ -21,8 +21,15 @@ QUOTA_FIELDS = (
     "max_fires_per_second",
     "max_running",
     "max_catchup_per_minute",
+    "max_retries_per_minute",
     "fairness_weight",
 )
+# The smallest value of each quota: 1, except where 0 means "unlimited" (the retry budget, see its help text).
+QUOTA_MINIMUMS = {"max_retries_per_minute": 0}
+
+
+def quota_minimum(field: str) -> int:
+    return QUOTA_MINIMUMS.get(field, 1)
 
 
 @dataclass(frozen=True)
@@ -42,8 +49,8 @@ def provision_tenant(slug: str, *, domain: str, name: str | None = None, **quota
     for field, value in quotas.items():
         if field not in QUOTA_FIELDS:
             raise ValidationError(f"Unknown quota {field!r}.")
-        if value is not None and value < 1:
-            raise ValidationError(f"{field} must be at least 1, got {value}.")
+        if value is not None and value < quota_minimum(field):
+            raise ValidationError(f"{field} must be at least {quota_minimum(field)}, got {value}.")
         if value is not None:
             # The column's own range (PositiveSmallIntegerField stops at 32767): refused here, not by PostgreSQL.
             try:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from rest_framework import status
+from rest_framework.exceptions import AuthenticationFailed, NotAuthenticated, Throttled
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from dispatch.errors import ReplayRefused
+from schedules.api.throttles import unauthenticated_wait
 from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
 
 
@@ -26,4 +28,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             status=status.HTTP_429_TOO_MANY_REQUESTS,
             headers={"Retry-After": str(exc.retry_after_seconds)},
         )
+    if isinstance(exc, NotAuthenticated | AuthenticationFailed) and "request" in context:
+        # A missing or bad token spends its address's budget (see throttles.unauthenticated_wait).
+        wait = unauthenticated_wait(context["request"], context.get("view"))
+        if wait is not None:
+            exc = Throttled(wait=wait)
     return drf_exception_handler(exc, context)

@@ -1,15 +1,122 @@
-"""Per-tenant API request rate: one noisy tenant cannot starve the control plane for the others."""
+"""API request rates: a budget per token, a ceiling per tenant over its tokens, and a budget per client address for
+everything without a valid token, which never touches a tenant's or a token's budget.
+
+Counts live in the default cache (settings.CACHES), the database: every gunicorn worker sees the same counts, or
+each would grant the full rate again.
+"""
 
 from __future__ import annotations
 
-from rest_framework.throttling import SimpleRateThrottle
+import hashlib
+import math
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from rest_framework.request import Request
+from rest_framework.settings import api_settings
+from rest_framework.throttling import BaseThrottle, SimpleRateThrottle
+
+from scheduler_project.client_address import address_bucket, client_address
 
 
-class TenantRateThrottle(SimpleRateThrottle):
+def _authenticated(request: Request) -> bool:
+    user = request.user
+    return bool(user is not None and user.is_authenticated)
+
+
+class _RateBudget(SimpleRateThrottle):
+    """DRF's sliding-window counter with two changes: the rate is read per request, not bound at import (so
+    override_settings reaches it), and a refusal always carries a whole number of seconds to wait."""
+
+    def get_rate(self) -> str | None:
+        rates = api_settings.DEFAULT_THROTTLE_RATES
+        if self.scope not in rates:
+            raise ImproperlyConfigured(f"REST_FRAMEWORK has no DEFAULT_THROTTLE_RATES entry {self.scope!r}.")
+        rate = rates[self.scope]
+        return None if rate is None else str(rate)
+
+    def key_for(self, ident: str) -> str:
+        return self.cache_format % {"scope": self.scope, "ident": ident}
+
+    def wait(self) -> float:
+        # DRF sends no Retry-After when the wait is None (a history longer than a lowered rate: then the whole
+        # window) or rounds to 0; API.md promises one with every 429.
+        waited = super().wait()
+        if waited is None:
+            waited = self.parse_rate(self.rate)[1] or 1
+        return max(1, math.ceil(waited))
+
+
+class TokenRateThrottle(_RateBudget):
+    """Each API token has its own budget (SCHEDULER_API_RATE)."""
+
+    scope = "token"
+
+    def get_cache_key(self, request: Request, view: Any) -> str | None:
+        if not _authenticated(request):
+            return None
+        key = getattr(request.auth, "key", None)
+        if not key:
+            return self.key_for(f"user-{request.user.pk}")
+        # A digest, not the key itself: the cache table is no place for credentials.
+        return self.key_for(hashlib.sha256(key.encode()).hexdigest()[:32])
+
+
+class TenantRateThrottle(_RateBudget):
+    """All tokens of one tenant together (SCHEDULER_API_TENANT_RATE): one tenant cannot take the control plane
+    from the others. Only authenticated requests count, so nobody without a token can spend it."""
+
     scope = "tenant"
 
-    def get_cache_key(self, request, view) -> str | None:
+    def get_cache_key(self, request: Request, view: Any) -> str | None:
         tenant = getattr(request, "tenant", None)
-        if tenant is None or tenant.schema_name == "public":
+        if not _authenticated(request) or tenant is None or tenant.schema_name == "public":
             return None
-        return self.cache_format % {"scope": self.scope, "ident": tenant.schema_name}
+        return self.key_for(tenant.schema_name)
+
+
+class AddressRateThrottle(_RateBudget):
+    """Requests without a valid token (the schema, the docs, a missing or bad token) per client address
+    (SCHEDULER_API_ANON_RATE), across all tenant hosts: an anonymous flood spends only its own budget."""
+
+    scope = "anon"
+
+    def get_cache_key(self, request: Request, view: Any) -> str | None:
+        if _authenticated(request):
+            return None
+        return self.key_for(address_bucket(client_address(request)))
+
+
+class ApiClientThrottle(BaseThrottle):
+    """An authenticated request spends its token's budget first and only then its tenant's.
+
+    DRF's own loop asks every throttle class and counts the request in each that admits it, so a token over its
+    budget would keep spending the tenant's ceiling with requests it was refused, and so use up the share of the
+    tenant's other tokens. Asked in this order, a refused request spends nothing further.
+    """
+
+    def __init__(self) -> None:
+        self.refused_by: _RateBudget | None = None
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        for budget in (TokenRateThrottle(), TenantRateThrottle()):
+            if not budget.allow_request(request, view):
+                self.refused_by = budget
+                return False
+        return True
+
+    def wait(self) -> float | None:
+        return self.refused_by.wait() if self.refused_by is not None else None
+
+
+def unauthenticated_wait(request: Request, view: Any) -> float | None:
+    """Counts a request refused with a 401 in its address's budget; the seconds to wait once that is spent.
+
+    DRF authenticates before it throttles, so a missing or bad token never reaches the throttle classes: the
+    exception handler calls this for those requests instead, and answers 429 rather than 401 once the budget is
+    spent (every guess at a token is a request like any other).
+    """
+    budget = AddressRateThrottle()
+    if budget.allow_request(request, view):
+        return None
+    return budget.wait()

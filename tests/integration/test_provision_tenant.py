@@ -11,6 +11,7 @@ from django.db import connection
 
 from tenants.models import Domain, Tenant
 from tests.conftest import api_client_for
+from tests.integration.processes import run_manage
 
 # Unique to this module: creating a tenant creates (and migrates) a schema, so the suite makes just this one.
 NEW_SLUG = "initech-provision"
@@ -67,6 +68,8 @@ def test_re_provisioning_applies_the_quota_options_given(tenant_a):
         "13",
         "--max-catchup-per-minute",
         "17",
+        "--max-retries-per-minute",
+        "19",
         "--fairness-weight",
         "3",
     )
@@ -77,8 +80,17 @@ def test_re_provisioning_applies_the_quota_options_given(tenant_a):
         tenant.max_fires_per_second,
         tenant.max_running,
         tenant.max_catchup_per_minute,
+        tenant.max_retries_per_minute,
         tenant.fairness_weight,
-    ) == (7, 11, 13, 17, 3)
+    ) == (7, 11, 13, 17, 19, 3)
+
+
+def test_a_retry_budget_of_zero_means_unlimited_and_is_accepted(tenant_a):
+    Tenant.objects.filter(slug="acme").update(max_retries_per_minute=5)
+
+    provision("acme", "--domain", tenant_a.domain, "--max-retries-per-minute", "0")
+
+    assert Tenant.objects.get(slug="acme").max_retries_per_minute == 0
 
 
 def test_re_provisioning_without_quota_options_keeps_the_quotas(tenant_a):
@@ -165,9 +177,41 @@ def test_a_name_too_long_for_its_column_is_a_command_error(tenant_a):
     assert Tenant.objects.get(slug="acme").name == before
 
 
-def test_a_non_numeric_quota_is_a_command_error(tenant_a):
-    with pytest.raises(CommandError):
-        provision("acme", "--domain", tenant_a.domain, "--max-schedules", "many")
+QUOTA_OPTIONS = [
+    ("--max-schedules", "max_schedules", 1),
+    ("--max-fires-per-second", "max_fires_per_second", 1),
+    ("--max-running", "max_running", 1),
+    ("--max-catchup-per-minute", "max_catchup_per_minute", 1),
+    ("--max-retries-per-minute", "max_retries_per_minute", 0),
+    ("--fairness-weight", "fairness_weight", 1),
+]
+
+
+@pytest.mark.parametrize(("option", "field", "minimum"), QUOTA_OPTIONS)
+def test_every_quota_below_its_minimum_is_a_command_error_naming_it(tenant_a, option, field, minimum):
+    before = getattr(Tenant.objects.get(slug="acme"), field)
+
+    with pytest.raises(CommandError, match=rf"{field} must be at least {minimum}, got -3"):
+        provision("acme", "--domain", tenant_a.domain, option, "-3")
+
+    assert getattr(Tenant.objects.get(slug="acme"), field) == before
+
+
+@pytest.mark.parametrize(("option", "field", "minimum"), QUOTA_OPTIONS)
+@pytest.mark.parametrize("value", ["many", "1.5", ""])
+def test_every_non_integer_quota_is_a_command_error_naming_the_option(tenant_a, option, field, minimum, value):
+    with pytest.raises(CommandError, match=rf"{option}: invalid int value"):
+        provision("acme", "--domain", tenant_a.domain, option, value)
+
+
+@pytest.mark.parametrize(("value", "exit_code", "message"), [("-1", 1, "at least 0"), ("lots", 2, "invalid int value")])
+def test_a_bad_retry_budget_on_the_command_line_is_a_message_not_a_traceback(db, value, exit_code, message):
+    done = run_manage("provision_tenant", "acme", "--domain", "acme.localhost", "--max-retries-per-minute", value)
+
+    assert done.returncode == exit_code
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
 
 
 def test_the_domain_option_is_required(db):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from scheduler_project.env import env_bool, env_float, env_int, env_list, env_str
+from scheduler_project.env import env_bool, env_float, env_int, env_list, env_rate, env_str
 
 NAME = "SCHEDULER_TEST_SETTING"
 
@@ -181,3 +181,25 @@ def test_env_float_refuses_nan_and_infinity(env, raw):
 
     with pytest.raises(ImproperlyConfigured):
         env_float(NAME, 1.0, minimum=0.0)
+
+
+# --- env_rate -------------------------------------------------------------------------------------------
+
+
+def test_env_rate_returns_the_default_when_unset(env):
+    assert env_rate(NAME, "6000/min") == "6000/min"
+
+
+@pytest.mark.parametrize(("raw", "rate"), [("10/s", "10/s"), (" 300 / minute ", "300/minute"), ("007/hour", "7/hour")])
+def test_env_rate_accepts_a_count_per_period(env, raw, rate):
+    env(raw)
+
+    assert env_rate(NAME, "1/min") == rate
+
+
+@pytest.mark.parametrize("raw", ["", "fast", "0/min", "-5/min", "10/fortnight", "10", "1.5/min", "10/min/s"])
+def test_env_rate_refuses_anything_else_naming_the_setting(env, raw):
+    env(raw)
+
+    with pytest.raises(ImproperlyConfigured, match=NAME):
+        env_rate(NAME, "1/min")

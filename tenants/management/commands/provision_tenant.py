@@ -21,6 +21,11 @@ class Command(BaseCommand):
         parser.add_argument("--max-fires-per-second", type=int, help="quota: dispatch rate before throttling")
         parser.add_argument("--max-running", type=int, help="quota: occurrences running at once")
         parser.add_argument("--max-catchup-per-minute", type=int, help="quota: catch-up fires per minute")
+        parser.add_argument(
+            "--max-retries-per-minute",
+            type=int,
+            help="quota: retries of failed attempts per minute, more are delayed (0 = unlimited)",
+        )
         parser.add_argument("--fairness-weight", type=int, help="relative share of dispatch capacity")
 
     def handle(self, *args, **options) -> None:
@@ -33,6 +38,7 @@ class Command(BaseCommand):
                 max_fires_per_second=options["max_fires_per_second"],
                 max_running=options["max_running"],
                 max_catchup_per_minute=options["max_catchup_per_minute"],
+                max_retries_per_minute=options["max_retries_per_minute"],
                 fairness_weight=options["fairness_weight"],
             )
         except ValidationError as exc:
