@@ -15,10 +15,12 @@ from dispatch.errors import BackfillRefused
 from dispatch.history import ExpectedFire, expected_fires, version_spans
 from dispatch.outbox import Fire, enqueue
 from dispatch.partitions import ensure_partitions
+from dispatch.quotas import pace_catch_up
 from dispatch.sql import maintenance as maintenance_sql
 from schedules.clock import db_now
 from schedules.cron_syntax import TimeRuleError
 from schedules.models import Schedule, ScheduleState
+from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -160,9 +162,24 @@ def _write_chunk(chunk: list[ExpectedFire], now: datetime) -> int:
             },
         )
         new_ids = {row[0] for row in cursor.fetchall()}
-        # Released now: the fires are already late; the lane's queue keeps strict and flexible work apart.
-        fires = [Fire.of(f, available_at=now) for f in chunk if f.occurrence_id in new_ids]
-        enqueue(cursor, fires)
+        # Released from now on, paced on the tenant's catch-up budget like any catch-up (only the new rows take
+        # it); the lane's queue keeps strict and flexible work apart.
+        fresh = [f for f in chunk if f.occurrence_id in new_ids]
+        rates = dict(
+            Tenant.objects.filter(id__in={f.tenant_id for f in fresh}).values_list("id", "max_catchup_per_minute")
+        )
+        times = pace_catch_up(cursor, [(f.tenant_id, rates.get(f.tenant_id, 0)) for f in fresh], now=now)
+        later = [(f, at) for f, at in zip(fresh, times, strict=True) if at > now]
+        if later:
+            cursor.execute(
+                maintenance_sql.DELAY_BACKFILLED,
+                {
+                    "occurrence_ids": [f.occurrence_id for f, _ in later],
+                    "scheduled_fors": [f.scheduled_for for f, _ in later],
+                    "available_ats": [at for _, at in later],
+                },
+            )
+        enqueue(cursor, [Fire.of(f, available_at=at) for f, at in zip(fresh, times, strict=True)])
     return len(new_ids)
 
 

@@ -67,6 +67,9 @@ class Occurrence(models.Model):
     # Already due when its schedule changed version: it keeps its slot through that change (not withdrawn), but
     # unlike a forced one it still meets the misfire policy and the deadline at claim (nobody asked for it late).
     kept = models.BooleanField(default=False, db_default=False)
+    # Published late because its tenant's max_fires_per_second was spent: lateness the tenant's own quota caused,
+    # reported apart from the platform's lag.
+    throttled = models.BooleanField(default=False, db_default=False)
     state = models.CharField(max_length=16, choices=OccurrenceState.choices, default=OccurrenceState.SCHEDULED)
     # Why the occurrence is in its state when that is not obvious: which rule made it missed, skipped or canceled,
     # in words an operator can act on ("late by 612 s > max lateness 60 s (skip)"). Empty for the ordinary path;
@@ -138,14 +141,23 @@ class OutboxMessage(models.Model):
     scheduled_fors = ArrayField(models.DateTimeField())
     body = models.BinaryField()
     published_at = models.DateTimeField(null=True, blank=True)
+    # Set when the relay passed the envelope over at its instant because its tenant's fire rate was spent
+    # (max_fires_per_second); settling copies it onto the occurrences, so throttled lateness is told apart from lag.
+    throttled = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         indexes = [
-            # The relay's scan: unpublished envelopes in (time, priority) order.
+            # The earliest unpublished envelope (the relay's nap) and the metrics' outbox age.
             models.Index(
                 fields=["available_at", "-priority"],
                 name="outbox_due",
+                condition=models.Q(published_at__isnull=True),
+            ),
+            # The relay's fair claim: per lane and tenant, unpublished envelopes in (time, priority) order.
+            models.Index(
+                fields=["queue", "tenant_id", "available_at", "-priority", "id"],
+                name="outbox_due_by_tenant",
                 condition=models.Q(published_at__isnull=True),
             ),
             # The settler's scan: published envelopes whose stamp is not yet on their occurrences.

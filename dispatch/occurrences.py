@@ -22,6 +22,7 @@ from dispatch.identity import manual_occurrence_id_for, occurrence_id_for
 from dispatch.models import IN_FLIGHT_STATES, UNCLAIMED_STATES, Occurrence, OccurrenceState
 from dispatch.outbox import Fire, enqueue
 from dispatch.planning import DueSchedule, PlannedOccurrence, plan_schedule
+from dispatch.quotas import pace_planned
 from dispatch.sql import maintenance as maintenance_sql
 from dispatch.sql import outbox as outbox_sql
 from dispatch.stuck import DEFAULT_STUCK_AFTER_SECONDS, stuck_pages
@@ -133,6 +134,8 @@ def materialize_owed_fires(schedule, *, now: datetime) -> int:
         )
     )
     new = [p for p in planned if p.occurrence_id not in existing]
+    with connection.cursor() as cursor:
+        pace_planned(cursor, [(due, new)], now=now)
     Occurrence.objects.bulk_create(
         [
             Occurrence(

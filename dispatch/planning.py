@@ -3,7 +3,6 @@ what instant, and where its cursor moves. No database here; `now` is always pass
 
 from __future__ import annotations
 
-import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -18,12 +17,6 @@ def flexible_offset(occurrence_id: uuid.UUID, window_seconds: int) -> timedelta:
     failover or replay, while correlated fires spread out. Millisecond resolution."""
     window_ms = max(1, window_seconds * 1000)
     return timedelta(milliseconds=occurrence_id.int % window_ms)
-
-
-def spread(count: int, per_minute: int) -> list[timedelta]:
-    """Offsets that pace `count` catch-up fires at `per_minute` (the tenant's catch-up quota)."""
-    interval = 60.0 / max(1, per_minute)
-    return [timedelta(seconds=math.floor(i * interval * 1000) / 1000) for i in range(count)]
 
 
 # Upper bound of fires planned for one schedule in one batch: a schedule far behind (after an outage) is
@@ -64,6 +57,9 @@ class PlannedOccurrence:
     available_at: datetime
     state: str  # scheduled (goes to the queue) or missed (recorded, never enqueued)
     reason: str = ""  # why a fire is missed, in words an operator can act on (Occurrence.state_reason)
+    # A late fire the misfire policy keeps: its available_at is `now` here, and the writer paces it on the tenant's
+    # catch-up budget (dispatch/quotas.py pace_catch_up) before it is stored.
+    catch_up: bool = False
 
 
 @dataclass
@@ -105,7 +101,8 @@ def plan_schedule(schedule: DueSchedule, *, now: datetime, horizon: timedelta) -
        its end: if fewer than K late fires follow, the chunk ends just before the first kept one. Its fires are
        then certainly not kept (missed), and the next batch walks every kept fire in one chunk.
     4. Emitted fires get available_at = scheduled_for (strict) or + deterministic jitter (flexible); kept
-       misfires are released from now on, paced by the tenant's catch-up quota.
+       misfires are marked catch_up and released from now on, paced by the writer on the tenant's one catch-up
+       budget (every schedule, batch and process of the tenant shares it).
 
     Across the batches of one catch-up at one "now", exactly min(K, late fires) are emitted. If "now" moves
     between batches, more fires are late; a fire recorded missed earlier is still not among the latest K.
@@ -131,15 +128,14 @@ def plan_schedule(schedule: DueSchedule, *, now: datetime, horizon: timedelta) -
             fires, cursor = fires[:cut], fires[cut]
 
     late = [fire for fire in fires if fire < lateness_limit]
-    emitted_late = late[-keep:] if late and keep and not truncated_in_past else []
-    late_release = dict(zip(emitted_late, spread(len(emitted_late), schedule.catchup_per_minute), strict=True))
+    emitted_late = set(late[-keep:] if late and keep and not truncated_in_past else [])
 
     plan = Plan(schedule=schedule, new_cursor=cursor, completed=cursor is None)
     for fire in fires:
         occurrence_id = occurrence_id_for(schedule.id, schedule.version, fire)
-        if fire in late_release:
+        if fire in emitted_late:
             plan.occurrences.append(
-                PlannedOccurrence(occurrence_id, fire, now + late_release[fire], OccurrenceState.SCHEDULED)
+                PlannedOccurrence(occurrence_id, fire, now, OccurrenceState.SCHEDULED, catch_up=True)
             )
         elif fire < lateness_limit:
             plan.occurrences.append(

@@ -35,13 +35,19 @@ class Tenant(TenantMixin):
         default=100_000, help_text="Active plus paused schedules this tenant may hold."
     )
     max_fires_per_second = models.PositiveIntegerField(
-        default=10_000, help_text="Dispatch rate above which this tenant's fires are throttled."
+        default=10_000,
+        help_text="Fires per second the relays dispatch for this tenant (one bucket shared by every relay); more "
+        "wait, counted as throttled, never dropped.",
     )
     max_running = models.PositiveIntegerField(
-        default=1_000, help_text="Occurrences of this tenant that may run at once on the workers."
+        default=1_000,
+        help_text="Occurrences of this tenant that may run at once across all workers; more wait without using "
+        "an attempt.",
     )
     max_catchup_per_minute = models.PositiveIntegerField(
-        default=600, help_text="Catch-up fires per minute after an outage (misfire policy catch_up)."
+        default=600,
+        help_text="Late fires kept by a misfire policy (catch_up, fire_once) and backfilled fires released per "
+        "minute, one budget for all of this tenant's schedules.",
     )
     max_retries_per_minute = models.PositiveIntegerField(
         default=0,
@@ -50,7 +56,8 @@ class Tenant(TenantMixin):
         "0 = unlimited.",
     )
     fairness_weight = models.PositiveSmallIntegerField(
-        default=1, help_text="Relative share of dispatch capacity when tenants compete at the same instant."
+        default=1,
+        help_text="Relative share of each relay batch when tenants have fires due at the same instant.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

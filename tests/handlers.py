@@ -94,3 +94,40 @@ def crash(context: Any) -> None:
     """An unexpected exception (a bug in a handler): treated as transient."""
     _called(context)
     raise ZeroDivisionError("a bug")
+
+
+def ensure_windows_table() -> None:
+    """`test_windows`: when each run of the `timed` handler began and ended, on PostgreSQL's clock (committed)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TABLE IF NOT EXISTS test_windows (occurrence_id uuid, began timestamptz, ended timestamptz)"
+        )
+        cursor.execute("TRUNCATE test_windows")
+
+
+def peak_concurrency() -> int:
+    """The most `timed` runs that were inside their handler at one instant."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT began, ended FROM test_windows WHERE ended IS NOT NULL")
+        rows = cursor.fetchall()
+    running, peak = 0, 0
+    for _, step in sorted([(began, 1) for began, _ in rows] + [(ended, -1) for _, ended in rows]):
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+@handler("timed")
+def timed(context: Any) -> None:
+    """Sleeps payload["seconds"] between two clock readings written to test_windows (its own transaction each)."""
+    _called(context)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO test_windows (occurrence_id, began) VALUES (%s, clock_timestamp())", [context.occurrence_id]
+        )
+    time.sleep(float(context.payload.get("seconds", 0.2)))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE test_windows SET ended = clock_timestamp() WHERE occurrence_id = %s AND ended IS NULL",
+            [context.occurrence_id],
+        )

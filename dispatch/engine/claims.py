@@ -7,7 +7,9 @@ this order, holding those locks:
 3. end a retry that may not run: attempts exhausted (over an expired lease), or the occurrence deadline passed;
 4. apply the misfire policy to a first delivery later than its version's max lateness (ARCHITECTURE rule 12);
 5. apply the overlap policy (rule 8): skip, or park in retry_wait until the running sibling is done;
-6. otherwise move it to running with generation = attempt_count + 1 and a lease, and record the attempt.
+6. take a running slot of the tenant's max_running; at the quota, park it in retry_wait (attempts untouched, never
+   dead for it) to be offered again after a backoff that grows with its wait;
+7. otherwise move it to running with generation = attempt_count + 1 and a lease, and record the attempt.
 Every exit that is not a claim records the rule that decided it in `state_reason`.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,8 +31,10 @@ from prometheus_client import Counter
 from dispatch.engine.retry import deadline_of
 from dispatch.models import TERMINAL_STATES, OccurrenceState
 from dispatch.outbox import Fire, enqueue
+from dispatch.quotas import release_running_slots
 from dispatch.sql import claims as claim_sql
-from schedules.models import Lane, MisfirePolicy, OverlapPolicy, ScheduleState
+from dispatch.sql import quotas as quota_sql
+from schedules.models import MisfirePolicy, OverlapPolicy, ScheduleState
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +101,7 @@ class _Observed:
     manual: bool
     forced: bool
     kept: bool
+    throttled: bool
     schedule_id: uuid.UUID
     schedule_state: str
     schedule_version: int
@@ -131,9 +137,19 @@ def try_claim(
                 schedule_id = observed.schedule_id
                 continue
             outcome = _decide(cursor, key, observed, worker_name)
+            if observed.state == OccurrenceState.RUNNING and _left_running(outcome):
+                # The expired run's slot goes back with the transaction that ended it (its last statement).
+                release_running_slots(cursor, [observed.tenant_id])
         break
     _report_claim(occurrence_id, outcome)
     return outcome
+
+
+def _left_running(outcome: Claim | Drop) -> bool:
+    """Whether a decision on an occurrence found `running` (an expired lease) moved it out of running."""
+    if not isinstance(outcome, Drop) or outcome.state in (None, OccurrenceState.RUNNING):
+        return False
+    return outcome.reason not in ("duplicate", "duplicate_attempt", "lost_race")
 
 
 def schedule_withdraws(schedule_state: str, schedule_version: int, occurrence_version: int, *, forced: bool) -> bool:
@@ -192,16 +208,43 @@ def _decide(cursor, key: dict[str, Any], o: _Observed, worker_name: str) -> Clai
         verdict = _overlap(cursor, key, o, move)
         if verdict is not None:
             return verdict
+    if not expired_run:  # a takeover inherits the dead run's slot
+        cursor.execute(quota_sql.TAKE_RUNNING_SLOT, {"tenant_id": o.tenant_id})
+        if cursor.fetchone() is None:
+            return _wait_for_running_slot(cursor, key, o, move)
     return _claim(cursor, key, o, worker_name)
+
+
+def _wait_for_running_slot(cursor, key: dict[str, Any], o: _Observed, move: Move) -> Drop:
+    """The tenant runs max_running occurrences already: back to retry_wait with its envelope, attempts untouched.
+
+    The wait before it is offered again grows with how long it has waited (a quarter of it, from
+    SCHEDULER_RUNNING_RECHECK_SECONDS up to SCHEDULER_RUNNING_RECHECK_MAX_SECONDS, jittered): a backlog far over
+    the quota costs the workers a few offers per occurrence, not one per second each.
+    """
+    cursor.execute(quota_sql.COUNT_THROTTLED_CLAIM, {"tenant_id": o.tenant_id})
+    waited = max(0.0, (o.now - key["scheduled_for"]).total_seconds())
+    base = settings.SCHEDULER_RUNNING_RECHECK_SECONDS
+    delay = min(settings.SCHEDULER_RUNNING_RECHECK_MAX_SECONDS, max(base, waited / 4)) * random.uniform(0.75, 1.25)
+    recheck_at = o.now + timedelta(seconds=delay)
+    words = "throttled: the tenant's max_running quota is reached"
+    drop = move(OccurrenceState.RETRY_WAIT, "running_quota", words, recheck_at)
+    if drop.state == OccurrenceState.RETRY_WAIT:
+        fire = Fire.for_lane(**key, tenant_id=o.tenant_id, lane=o.lane, available_at=recheck_at, priority=o.priority)
+        enqueue(cursor, [fire])
+    return drop
 
 
 def _misfire(cursor, key: dict[str, Any], o: _Observed) -> str | None:
     """Why a first delivery later than its version's max lateness is missed (the reason in words), or None if it
     may run. Retries, manual triggers and forced fires are exempt: someone asked for them after the fact."""
-    if o.state not in FIRST_DELIVERY_STATES or o.attempt_count > 0 or o.manual or o.forced:
+    if o.state not in FIRST_DELIVERY_STATES or o.attempt_count > 0 or o.manual or o.forced or o.throttled:
         return None
-    # The flexible lane's instant is its place in the spread window, not the nominal fire time.
-    due = o.available_at if o.lane == Lane.FLEXIBLE else key["scheduled_for"]
+    # Lateness counts from the release instant: the nominal fire time on the strict lane, the place in the spread
+    # window on the flexible lane, the paced slot of a catch-up fire (already judged late when it was planned, and
+    # held back on purpose by the tenant's catch-up budget). A throttled fire (max_fires_per_second) waited for
+    # its tenant's own quota: it waits, it is never dropped for it.
+    due = o.available_at
     lateness = (o.now - due).total_seconds()
     # The pipeline's own latency (relay, broker, a worker's prefetch) is not an outage: without this grace a
     # schedule with max_lateness_seconds = 0 would never run, since no claim happens at the very instant.

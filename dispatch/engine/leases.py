@@ -27,9 +27,11 @@ from prometheus_client import Counter
 
 from dispatch.models import OccurrenceState
 from dispatch.outbox import Fire, enqueue
+from dispatch.quotas import release_running_slots
 from dispatch.sql import DB_NOW
 from dispatch.sql import claims as claim_sql
 from dispatch.sql import leases as lease_sql
+from dispatch.sql import quotas as quota_sql
 
 logger = logging.getLogger(__name__)
 
@@ -225,6 +227,9 @@ def reap_expired_leases(now: datetime | None = None, limit: int = 1000) -> int:
         cursor.execute(lease_sql.PRUNE_PROCESS_HEARTBEATS, {"older_than": HEARTBEAT_PRUNE_TTLS * heartbeat_ttl})
         pruned = cursor.rowcount
         cursor.execute(claim_sql.PRUNE_RETRY_WINDOWS, {"keep": RETRY_WINDOWS_KEPT_SECONDS})
+        cursor.execute(quota_sql.PRUNE_CATCHUP_WINDOWS, {"keep": RETRY_WINDOWS_KEPT_SECONDS})
+        # Last statement: the reaped occurrences' running slots go back (see dispatch/sql/quotas.py).
+        release_running_slots(cursor, [row[2] for row in rows])
     if pruned > 0:
         logger.info("pruned %d heartbeats of dead processes", pruned, extra={"action": "prune_heartbeats"})
     for occurrence_id, _, _, _, _, state, generation, reason in rows:

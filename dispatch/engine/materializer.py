@@ -28,6 +28,7 @@ from dispatch.models import OccurrenceState
 from dispatch.outbox import Fire, enqueue
 from dispatch.partitions import ensure_partitions
 from dispatch.planning import DueSchedule, Plan, fire_cap, plan_schedule
+from dispatch.quotas import pace_planned
 from dispatch.sql import leases as lease_sql
 from dispatch.sql import materialize as materialize_sql
 from schedules.clock import db_now
@@ -184,6 +185,8 @@ class Materializer:
             if not rows:
                 return 0
             plans = self._plan(rows, now)
+            # Kept late fires (after an outage) are released on their tenant's one catch-up budget.
+            pace_planned(cursor, [(p.schedule, p.occurrences) for p in plans], now=now)
             crash_point("materializer.before_insert")
             new_ids = self._insert_occurrences(cursor, plans, now)
             envelopes = self._insert_envelopes(cursor, plans, new_ids)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import aio_pika
@@ -27,9 +28,11 @@ from dispatch.engine.faults import crash_point
 from dispatch.engine.loop import Outage, StopFlag, default_process_name
 from dispatch.engine.timer import Claimed, PriorityTimer
 from dispatch.envelopes import message_headers, task_id_for
-from dispatch.queues import ALL_QUEUES
+from dispatch.queues import ALL_QUEUES, STRICT_QUEUE
+from dispatch.quotas import Demand, fair_shares, virtual_finish
 from dispatch.sql import DB_NOW
 from dispatch.sql import outbox as outbox_sql
+from dispatch.sql import quotas as quota_sql
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +64,42 @@ class RelayStats:
     failed_publishes: int = 0
     settled_envelopes: int = 0
     withdrawn_envelopes: int = 0
+    throttled_steps: int = 0
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One tenant's due work in a relay step and the fires its bucket granted (dispatch/sql/quotas.py)."""
+
+    wanted: int
+    granted: int
+    weight: int
+    strict_envelopes: int
+    flexible_envelopes: int
+    # How long until its bucket holds a token again (0 when it holds some now).
+    refill_seconds: float = 0.0
+
+    @property
+    def envelopes_covered(self) -> int:
+        """About how many of its envelopes the grant pays for (at least one when it granted anything)."""
+        envelopes = self.strict_envelopes + self.flexible_envelopes
+        if self.granted >= self.wanted or self.wanted <= 0:
+            return envelopes
+        return max(1, math.ceil(self.granted * envelopes / self.wanted))
+
+
+@dataclass(frozen=True)
+class StagedEnvelope:
+    """A claimed envelope waiting for its instant; release_key orders envelopes due at the same instant."""
+
+    id: int
+    queue: str
+    priority: int
+    body: bytes
+    fires: int
+    available_at: datetime
+    tenant_id: int
+    release_key: tuple[int, float]
 
 
 class Relay:
@@ -80,6 +119,10 @@ class Relay:
         self.conninfo = conninfo or database_conninfo()
         self.max_idle = settings.SCHEDULER_RELAY_MAX_IDLE_SECONDS
         self.stage_seconds = settings.SCHEDULER_RELAY_STAGE_SECONDS
+        self.flexible_min_share = settings.SCHEDULER_FLEXIBLE_MIN_SHARE
+        self._rotation = 0
+        # Set by a step in which every due envelope waited for its tenant's tokens: how long to nap.
+        self._throttled_for: float | None = None
         self._invalidation_mark: int | None = None
         self.stop = StopFlag()
         self.stats = RelayStats()
@@ -163,29 +206,140 @@ class Relay:
         return claimed > 0 or settled > 0
 
     async def publish_due(self) -> int:
-        """Claim envelopes due within the staging lead, release each at its instant, stamp the confirmed ones.
+        """Claim envelopes due within the staging lead, fairly across tenants and within their fire rates, release
+        each at its instant, stamp the confirmed ones.
 
-        1. Lock the envelopes due within `stage_seconds` (SKIP LOCKED) and stage them in a PriorityTimer keyed by
-           (available_at, -priority, sequence), mapped onto the monotonic clock through one reading of
-           PostgreSQL's clock.
-        2. At each instant, take every due entry in that order and publish them concurrently (confirms in
-           flight together); nothing is published before its available_at.
-        3. Before each release, if the invalidation mark moved, drop staged envelopes whose occurrences were all
-           withdrawn meanwhile. Stamp the confirmed envelopes and commit; the locks end with the transaction.
+        1. Reserve (own short transaction): each due tenant's bucket is refilled and grants up to what it has due
+           (max_fires_per_second, shared by every relay); tenants granted nothing have their due envelopes marked
+           throttled.
+        2. Claim each lane's envelopes by weighted fair shares of the batch (strict first; flexible work keeps
+           SCHEDULER_FLEXIBLE_MIN_SHARE of it so it is never starved), SKIP LOCKED, and keep per tenant what its
+           grant covers. Stage them in a PriorityTimer keyed by (available_at, -priority, sequence), mapped onto
+           the monotonic clock through one reading of PostgreSQL's clock.
+        3. At each instant publish every due entry concurrently, strict before flexible and tenants interleaved
+           by weighted fair queueing; nothing is published before its available_at. Before each release, if the
+           invalidation mark moved, drop staged envelopes whose occurrences were all withdrawn meanwhile. Stamp the
+           confirmed envelopes and commit; the locks end with the transaction.
+        4. Give back the tokens of what was granted and not sent (own short transaction).
         """
+        self._throttled_for = None
+        grants = await self._reserve()
+        if not grants:
+            return 0
+        used: dict[int, int] = dict.fromkeys(grants, 0)
+        try:
+            claimed = await self._publish_claimed(grants, used)
+        finally:
+            await self._return_tokens(grants, used)
+        if not claimed:
+            starved = [g.refill_seconds for g in grants.values() if g.granted <= 0]
+            if starved:
+                # Everything due waits for tokens: sleep until the first bucket refills instead of polling.
+                self._throttled_for = min(self.max_idle, max(0.005, min(starved)))
+        return claimed
+
+    async def _reserve(self) -> dict[int, Grant]:
+        """Step 1 of publish_due: per due tenant, what it has due and the fires its bucket grants."""
         async with self.db.transaction():
             cursor = await self.db.execute(
-                outbox_sql.CLAIM_DUE_ENVELOPES, {"lead": self.stage_seconds, "limit": self.batch_size}
+                quota_sql.RESERVE_FIRES, {"lead": self.stage_seconds, "strict_queue": STRICT_QUEUE}
             )
-            rows = {row[0]: row for row in await cursor.fetchall()}
-            if not rows:
+            grants = {row[0]: Grant(*row[1:]) for row in await cursor.fetchall()}
+        starved = [tenant for tenant, grant in grants.items() if grant.granted <= 0]
+        if starved:
+            async with self.db.transaction():
+                await self.db.execute(quota_sql.MARK_THROTTLED, {"tenant_ids": starved})
+            self.stats.throttled_steps += 1
+        return grants
+
+    async def _return_tokens(self, grants: dict[int, Grant], used: dict[int, int]) -> None:
+        """Step 4: unused tokens back to the buckets. A failure here costs the tenant at most one grant of rate
+        (the bucket refills), never a fire, so it is logged and the step goes on."""
+        tenants = sorted(tenant for tenant, grant in grants.items() if grant.granted > 0)
+        if not tenants:
+            return
+        try:
+            async with self.db.transaction():
+                await self.db.execute(
+                    quota_sql.RETURN_TOKENS,
+                    {
+                        "tenant_ids": tenants,
+                        "unused": [grants[t].granted - used[t] for t in tenants],
+                        "used": [used[t] for t in tenants],
+                    },
+                )
+        except psycopg.Error as exc:
+            logger.warning("could not return unused tokens: %r", exc, extra={"action": "return_tokens"})
+
+    def _lane_shares(self, grants: dict[int, Grant]) -> tuple[dict[int, int], dict[int, int]]:
+        """Envelopes per tenant for this batch, strict and flexible: weighted fair shares of the batch, each cut
+        to about what the tenant's grant covers."""
+        self._rotation += 1
+        flexible_due = any(g.flexible_envelopes for g in grants.values())
+        floor = math.ceil(self.batch_size * self.flexible_min_share) if flexible_due else 0
+        strict = fair_shares(
+            {t: Demand(g.strict_envelopes, g.weight) for t, g in grants.items() if g.granted > 0},
+            self.batch_size - floor,
+            rotation=self._rotation,
+        )
+        flexible = fair_shares(
+            {t: Demand(g.flexible_envelopes, g.weight) for t, g in grants.items() if g.granted > 0},
+            self.batch_size - sum(strict.values()),
+            rotation=self._rotation,
+        )
+        for shares in (strict, flexible):
+            for tenant, share in shares.items():
+                shares[tenant] = min(share, grants[tenant].envelopes_covered)
+        return strict, flexible
+
+    async def _claim(self, grants: dict[int, Grant]) -> dict[int, StagedEnvelope]:
+        """Step 2: lock each lane's fair shares and keep, per tenant, the envelopes its grant covers (an envelope
+        is never split: the last one may overdraw the grant). The others stay unpublished for a later step."""
+        staged: dict[int, StagedEnvelope] = {}
+        fires_so_far: dict[int, int] = dict.fromkeys(grants, 0)
+        for lane_rank, (queue, shares) in enumerate(zip(ALL_QUEUES, self._lane_shares(grants), strict=True)):
+            if not shares:
+                continue
+            tenants = sorted(shares)
+            cursor = await self.db.execute(
+                quota_sql.CLAIM_FAIR_SHARES,
+                {
+                    "tenant_ids": tenants,
+                    "shares": [shares[t] for t in tenants],
+                    "queue": queue,
+                    "lead": self.stage_seconds,
+                },
+            )
+            rows = sorted(await cursor.fetchall(), key=lambda r: (r[6], r[5], -r[2], r[0]))
+            for envelope_id, queue_name, priority, body, fires, available_at, tenant in rows:
+                grant = grants[tenant]
+                if fires_so_far[tenant] >= grant.granted:
+                    continue
+                fires_so_far[tenant] += fires
+                staged[envelope_id] = StagedEnvelope(
+                    envelope_id,
+                    queue_name,
+                    priority,
+                    body,
+                    fires,
+                    available_at,
+                    tenant,
+                    (lane_rank, virtual_finish(fires_so_far[tenant], grant.weight)),
+                )
+        return staged
+
+    async def _publish_claimed(self, grants: dict[int, Grant], used: dict[int, int]) -> int:
+        """Steps 2 and 3 of publish_due, in the claim transaction. Adds the fires sent per tenant to `used`."""
+        async with self.db.transaction():
+            staged = await self._claim(grants)
+            if not staged:
                 return 0
             anchor_db = await self._scalar(DB_NOW)
             anchor_mono = time.monotonic()
             timer = PriorityTimer(workers=1)
-            for envelope_id, row in rows.items():
-                release_at = anchor_mono + (row[5] - anchor_db).total_seconds()
-                timer.schedule(envelope_id, release_at, row[2], _published_by_relay)
+            for envelope in staged.values():
+                release_at = anchor_mono + (envelope.available_at - anchor_db).total_seconds()
+                timer.schedule(envelope.id, release_at, envelope.priority, _published_by_relay)
             ids, stamps, occurrences, failed = [], [], 0, 0
             while True:
                 due: list[Claimed] = []
@@ -195,9 +349,14 @@ class Relay:
                     wait = timer.next()
                 if due:
                     await self._drop_withdrawn(timer, due)
-                    live = [claim for claim in due if timer.state(claim.task_id) == "running"]
+                    # Strict before flexible, then tenants interleaved by their fair-queueing tags: the order the
+                    # messages take on the channel, and so in the queues.
+                    live = sorted(
+                        (claim for claim in due if timer.state(claim.task_id) == "running"),
+                        key=lambda claim: staged[_envelope_id(claim)].release_key,
+                    )
                     results = await asyncio.gather(
-                        *(self._publish(rows[claim.task_id]) for claim in live), return_exceptions=True
+                        *(self._publish(staged[_envelope_id(claim)]) for claim in live), return_exceptions=True
                     )
                     for claim, result in zip(live, results, strict=True):
                         timer.complete(claim, ok=not isinstance(result, BaseException))
@@ -211,9 +370,11 @@ class Relay:
                                 extra={"action": "publish_failed"},
                             )
                             continue
-                        ids.append(claim.task_id)
+                        envelope = staged[_envelope_id(claim)]
+                        ids.append(envelope.id)
                         stamps.append(anchor_db + timedelta(seconds=result - anchor_mono))
-                        occurrences += rows[claim.task_id][4]
+                        occurrences += envelope.fires
+                        used[envelope.tenant_id] += envelope.fires
                     continue
                 if wait is None or self.stop.is_set:
                     break
@@ -223,6 +384,9 @@ class Relay:
                 await self.db.execute(outbox_sql.MARK_PUBLISHED, {"ids": ids, "published_ats": stamps})
         if ids:
             crash_point("relay.after_stamp")
+        else:
+            # Nothing was stamped: the commit above kept nothing of this step, so no tokens were used either.
+            used.update(dict.fromkeys(used, 0))
         if failed:
             # A returned message usually means its queue is gone: declare the queues again before the next step,
             # also when other envelopes of this step went through.
@@ -232,7 +396,7 @@ class Relay:
         self.stats.published_envelopes += len(ids)
         self.stats.published_occurrences += occurrences
         logger.debug("published %d envelopes (%d occurrences)", len(ids), occurrences, extra={"action": "publish"})
-        return len(rows)
+        return len(staged)
 
     async def _drop_withdrawn(self, timer: PriorityTimer, due: list[Claimed]) -> None:
         """Delete due envelopes all of whose occurrences were withdrawn since staging (rare: checked only when
@@ -251,20 +415,19 @@ class Relay:
             self.stats.withdrawn_envelopes += len(withdrawn)
             logger.info("dropped %d withdrawn envelopes", len(withdrawn), extra={"action": "drop_withdrawn"})
 
-    async def _publish(self, row: tuple) -> float:
+    async def _publish(self, envelope: StagedEnvelope) -> float:
         """Publish one envelope; resolves when the broker confirmed it, returning that monotonic instant."""
-        envelope_id, queue, _priority, body, count, _available_at = row
-        task_id = task_id_for(envelope_id)
+        task_id = task_id_for(envelope.id)
         message = aio_pika.Message(
-            bytes(body),
-            headers=message_headers(task_id, count),
+            bytes(envelope.body),
+            headers=message_headers(task_id, envelope.fires),
             content_type="application/json",
             content_encoding="utf-8",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             correlation_id=task_id,
         )
         # mandatory: an unroutable message comes back as an error instead of vanishing, so it is retried.
-        await self.channel.default_exchange.publish(message, routing_key=queue, mandatory=True)
+        await self.channel.default_exchange.publish(message, routing_key=envelope.queue, mandatory=True)
         return time.monotonic()
 
     async def settle(self) -> int:
@@ -304,7 +467,10 @@ class Relay:
                         continue
                     if once:
                         return
-                    await self._nap(await self.seconds_until_due())
+                    wait = await self.seconds_until_due()
+                    if self._throttled_for is not None:
+                        wait = max(wait, self._throttled_for)
+                    await self._nap(wait)
                 except Exception as exc:
                     if once:
                         raise
@@ -326,6 +492,12 @@ class Relay:
     def run(self, *, once: bool = False) -> None:
         self.stop.install()
         asyncio.run(self.run_async(once=once))
+
+
+def _envelope_id(claim: Claimed) -> int:
+    """The timer's task ids are the staged envelopes' ids."""
+    assert isinstance(claim.task_id, int)
+    return claim.task_id
 
 
 def _published_by_relay(cancel_event: object) -> None:

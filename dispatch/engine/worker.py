@@ -35,6 +35,7 @@ from dispatch.engine.retry import ERROR_MAX_CHARS, RunResult, backoff_for, class
 from dispatch.handlers import get_handler
 from dispatch.models import OccurrenceState
 from dispatch.outbox import Fire, enqueue
+from dispatch.quotas import release_running_slots
 from dispatch.sql import claims as claim_sql
 from schedules.models import OverlapPolicy
 
@@ -205,6 +206,9 @@ def complete(claim: Claim, result: RunResult, now: datetime | None = None) -> st
                 "error": result.error[:ERROR_MAX_CHARS],
             },
         )
+        if not fenced:
+            # Last statement: the tenant's running slot goes back with the state change (see dispatch/sql/quotas).
+            release_running_slots(cursor, [claim.tenant_id])
     outcome = "fenced" if fenced else str(new_state)
     COMPLETIONS.labels(outcome).inc()
     logger.log(

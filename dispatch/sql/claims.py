@@ -40,7 +40,7 @@ SELECT overlap_policy FROM schedules_schedule WHERE id = %(schedule_id)s FOR UPD
 LOCK_OCCURRENCE = (
     """
 SELECT o.state, o.attempt_count, o.lease_expires_at, o.available_at, o.schedule_version, o.tenant_id, o.lane,
-       o.priority, o.manual, o.forced, o.kept, s.id, s.state, s.version, s.overlap_policy,
+       o.priority, o.manual, o.forced, o.kept, o.throttled, s.id, s.state, s.version, s.overlap_policy,
        COALESCE(v.definition ->> 'handler', s.handler),
        COALESCE(v.definition -> 'payload', s.payload),
        COALESCE((v.definition ->> 'max_attempts')::int, s.max_attempts),
@@ -94,13 +94,13 @@ LIMIT 1
 """
 
 # Misfire at claim time (catch_up): how many newer fires are late too, counting at most `limit`. A fire is late
-# when its lateness instant (scheduled_for; available_at on the flexible lane) is before `late_before`; and
-# scheduled_for <= available_at always, so `scheduled_for < late_before` bounds the same index range for both lanes.
+# when its release instant (available_at: the fire time, its flexible slot or its paced catch-up slot) is before
+# `late_before`; scheduled_for <= available_at always, so `scheduled_for < late_before` bounds the index range.
 NEWER_LATE_FIRES = """
 SELECT count(*) FROM (
     SELECT 1 FROM dispatch_occurrence
     WHERE schedule_id = %(schedule_id)s AND scheduled_for > %(scheduled_for)s AND scheduled_for < %(late_before)s
-      AND (lane <> 'flexible' OR available_at < %(late_before)s)
+      AND available_at < %(late_before)s
       AND state IN ('scheduled', 'enqueued', 'retry_wait', 'running', 'succeeded', 'dead')
       AND NOT manual
     LIMIT %(limit)s

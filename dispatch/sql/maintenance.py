@@ -54,6 +54,15 @@ ON CONFLICT DO NOTHING
 RETURNING occurrence_id
 """
 
+# Backfilled fires paced past "now" by their tenant's catch-up budget: the row says when it is released, so
+# stuck detection and the console measure from that instant.
+DELAY_BACKFILLED = """
+UPDATE dispatch_occurrence AS o SET available_at = u.available_at
+FROM unnest(%(occurrence_ids)s::uuid[], %(scheduled_fors)s::timestamptz[], %(available_ats)s::timestamptz[])
+     AS u(occurrence_id, scheduled_for, available_at)
+WHERE o.occurrence_id = u.occurrence_id AND o.scheduled_for = u.scheduled_for
+"""
+
 # --- reconcile -----------------------------------------------------------------------------------------------------
 
 # Expected fires of one chunk that have a row. Both columns are matched: the table is partitioned by
@@ -105,14 +114,27 @@ GROUP BY lane, state
 """
 
 METRICS_RECENT_LAG = """
-SELECT lane,
+SELECT lane, throttled,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
        percentile_cont(0.95) WITHIN GROUP (ORDER BY lag),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY lag),
        max(lag)
-FROM (SELECT lane, EXTRACT(EPOCH FROM enqueued_at - scheduled_for) AS lag FROM dispatch_occurrence
+FROM (SELECT lane, throttled, EXTRACT(EPOCH FROM enqueued_at - available_at) AS lag FROM dispatch_occurrence
       WHERE scheduled_for >= clock_timestamp() - make_interval(secs => %(window)s) AND enqueued_at IS NOT NULL) AS l
-GROUP BY lane
+GROUP BY lane, throttled
+"""
+
+# The tenants' quota counters (dispatch/sql/quotas.py), busiest first and bounded: a label per tenant is fine for
+# the tenants that are throttled or running now, not for every tenant of a large platform.
+METRICS_TENANT_QUOTAS = """
+SELECT t.slug, COALESCE(b.dispatched_fires, 0), COALESCE(b.throttled_fires, 0), COALESCE(r.running, 0),
+       COALESCE(r.throttled_claims, 0)
+FROM tenants_tenant AS t
+LEFT JOIN dispatch_tenant_fire_bucket AS b ON b.tenant_id = t.id
+LEFT JOIN dispatch_tenant_running AS r ON r.tenant_id = t.id
+WHERE b.tenant_id IS NOT NULL OR r.tenant_id IS NOT NULL
+ORDER BY COALESCE(b.throttled_fires, 0) + COALESCE(r.throttled_claims, 0) DESC, COALESCE(r.running, 0) DESC, t.slug
+LIMIT %(limit)s
 """
 
 # Loose index scan: one probe per shard on schedule_due_by_shard instead of a scan of every active schedule.

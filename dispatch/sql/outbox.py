@@ -10,16 +10,7 @@ VALUES (%s, %s, %s, %s, %s::uuid[], %s::timestamptz[], %s, NULL, clock_timestamp
 
 # --- relay ----------------------------------------------------------------------------------------------------
 
-# Due envelopes in (time, priority) order, locked for the duration of publish + stamp. SKIP LOCKED lets several
-# relays share a burst. Served by the partial index outbox_due.
-CLAIM_DUE_ENVELOPES = """
-SELECT id, queue, priority, body, cardinality(occurrence_ids), available_at
-FROM dispatch_outboxmessage
-WHERE published_at IS NULL AND available_at <= clock_timestamp() + make_interval(secs => %(lead)s)
-ORDER BY available_at, priority DESC, id
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
-"""
+# The relay's claim (fair shares per tenant, within each tenant's fire rate) is in dispatch/sql/quotas.py.
 
 # One row per envelope at the hot instant instead of one UPDATE per occurrence (ARCHITECTURE.md "Measured").
 MARK_PUBLISHED = """
@@ -54,22 +45,24 @@ WHERE m.id = ANY(%(ids)s::bigint[])
 DELETE_ENVELOPES = "DELETE FROM dispatch_outboxmessage WHERE id = ANY(%(ids)s::bigint[])"
 
 # Settling copies an envelope's confirmation time onto its occurrences after the hot instant: scheduled →
-# enqueued (a worker may already have moved it further; then only enqueued_at is filled), then the envelope
-# row goes. The (occurrence_id, scheduled_for) pair lets PostgreSQL prune to one partition per row.
+# enqueued (a worker may already have moved it further; then only enqueued_at is filled), with the envelope's
+# throttled mark, then the envelope row goes. The (occurrence_id, scheduled_for) pair lets PostgreSQL prune to one
+# partition per row.
 SETTLE_PUBLISHED = """
 WITH settled AS (
     DELETE FROM dispatch_outboxmessage
     WHERE id IN (
         SELECT id FROM dispatch_outboxmessage WHERE published_at IS NOT NULL
         ORDER BY published_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-    RETURNING occurrence_ids, scheduled_fors, published_at
+    RETURNING occurrence_ids, scheduled_fors, published_at, throttled
 ), members AS (
-    SELECT u.occurrence_id, u.scheduled_for, settled.published_at
+    SELECT u.occurrence_id, u.scheduled_for, settled.published_at, settled.throttled
     FROM settled, unnest(settled.occurrence_ids, settled.scheduled_fors) AS u(occurrence_id, scheduled_for)
 )
 UPDATE dispatch_occurrence AS o
 SET state = CASE WHEN o.state = 'scheduled' THEN 'enqueued' ELSE o.state END,
-    enqueued_at = COALESCE(o.enqueued_at, members.published_at)
+    enqueued_at = COALESCE(o.enqueued_at, members.published_at),
+    throttled = o.throttled OR members.throttled
 FROM members
 WHERE o.occurrence_id = members.occurrence_id AND o.scheduled_for = members.scheduled_for
 """

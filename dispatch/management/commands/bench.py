@@ -1,4 +1,7 @@
-"""`manage.py bench burst|peer-beat ...`: benchmarks operators use to size a deployment (docs/BENCHMARKS.md)."""
+"""`manage.py bench burst|drain|fairness|peer-beat ...`: benchmarks operators use to size a deployment.
+
+The commands and measured figures are in docs/BENCHMARKS.md.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dispatch.bench.burst import BenchRefused, BurstBenchmark, BurstConfig
 from dispatch.bench.drain import DrainBenchmark, DrainConfig
+from dispatch.bench.fairness import FairnessBenchmark, FairnessConfig
 from dispatch.bench.peer_beat import (
     INSTALL_HINT,
     PeerBeatBenchmark,
@@ -50,6 +54,15 @@ class Command(BaseCommand):
         drain.add_argument("--handler", choices=["bench_effect", "noop"], default="bench_effect")
         drain.add_argument("--kill-one-of-each", action="store_true", help="SIGKILL a materializer, relay and worker")
         drain.add_argument("--deadline", type=float, default=300.0, help="seconds after T0 before giving up")
+        fair = sub.add_parser("fairness", help="a big and a small tenant due at one instant: each one's lag")
+        fair.add_argument("--big", type=int, required=True, help="fires of the big tenant")
+        fair.add_argument("--small", type=int, required=True, help="fires of the small tenant")
+        fair.add_argument(
+            "--big-fires-per-second", type=int, default=None, help="hold the big tenant to this max_fires_per_second"
+        )
+        fair.add_argument("--materializers", type=int, default=1)
+        fair.add_argument("--relays", type=int, default=1)
+        fair.add_argument("--deadline", type=float, default=120.0, help="seconds after T0 before giving up")
         peer = sub.add_parser(
             "peer-beat",
             help="the same burst under django-celery-beat's DatabaseScheduler (needs requirements-bench.txt)",
@@ -63,6 +76,8 @@ class Command(BaseCommand):
             self.handle_burst(options)
         elif options["bench"] == "drain":
             self.handle_drain(options)
+        elif options["bench"] == "fairness":
+            self.handle_fairness(options)
         elif options["bench"] == "peer-beat":
             self.handle_peer_beat(options)
 
@@ -106,6 +121,30 @@ class Command(BaseCommand):
         bench.handler = options["handler"]
         try:
             result = bench.run()
+        except BenchRefused as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(result_line(result))
+
+    def handle_fairness(self, options: dict[str, Any]) -> None:
+        for name in ("big", "small", "materializers", "relays"):
+            if options[name] < 1:
+                raise CommandError(f"--{name} must be at least 1")
+        rate = options["big_fires_per_second"]
+        if rate is not None and rate < 1:
+            raise CommandError("--big-fires-per-second must be at least 1")
+        if not options["deadline"] > 0:
+            raise CommandError("--deadline must be a positive number of seconds after T0")
+        config = FairnessConfig(
+            schedules=options["big"] + options["small"],
+            big=options["big"],
+            small=options["small"],
+            big_fires_per_second=rate,
+            materializers=options["materializers"],
+            relays=options["relays"],
+            deadline_seconds=options["deadline"],
+        )
+        try:
+            result = FairnessBenchmark(config, out=self.stdout).run()
         except BenchRefused as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(result_line(result))

@@ -1,0 +1,165 @@
+"""Tenant quotas of the data plane: the dispatch token bucket (relays), the running count (workers) and the
+catch-up rate (materializers, owed fires, backfill). Tables in dispatch/migrations/0008_tenant_quotas.py.
+
+Each counter row is changed by one conditional statement, and where a transaction goes on after taking one, it
+takes no lock another transaction could hold (its own occurrence row aside): a holder of a counter row never waits
+for an occurrence row, so these locks cannot close a cycle with the claim and completion locks (dispatch/sql/claims.py).
+Rows of several tenants are always taken in tenant_id order, so two processes never hold them crosswise.
+"""
+
+from __future__ import annotations
+
+# --- max_fires_per_second: the relays' shared token bucket ---------------------------------------------------
+
+# One step's demand and grant, in one short transaction of its own (bucket rows locked only until its commit, never
+# while messages are in flight). Demand: per tenant, the fires of the unpublished envelopes due within the staging
+# lead, and the envelopes per lane (the fair shares are cut from these). Grant: the bucket is refilled at the
+# tenant's rate for the time since its last refill (capped at one second's worth, the burst), then gives
+# min(wanted, tokens) when it holds any. A tenant's first step creates its row full. RETURNING can show only new
+# values, so the grant is stored in last_granted by the same SET and read back from there.
+# Tokens granted ahead of the instant are spent AT the instant: refilled_at moves to the earliest release instant
+# of the demand, so the bucket does not refill during the lead (a second relay staging the same burst gets nothing
+# more, and the burst at the instant is one second's worth, not two).
+RESERVE_FIRES = """
+WITH clock AS (SELECT clock_timestamp() AS now),
+demand AS (
+    SELECT m.tenant_id,
+           sum(cardinality(m.occurrence_ids))::bigint AS wanted,
+           count(*) FILTER (WHERE m.queue = %(strict_queue)s)::int AS strict_envelopes,
+           count(*) FILTER (WHERE m.queue <> %(strict_queue)s)::int AS flexible_envelopes,
+           GREATEST(min(clock.now), min(m.available_at)) AS first_release
+    FROM dispatch_outboxmessage AS m, clock
+    WHERE m.published_at IS NULL AND m.available_at <= clock.now + make_interval(secs => %(lead)s)
+    GROUP BY m.tenant_id
+),
+reserved AS (
+    INSERT INTO dispatch_tenant_fire_bucket AS b (tenant_id, tokens, refilled_at, rate, wanted, last_granted)
+    SELECT d.tenant_id, t.max_fires_per_second - LEAST(d.wanted, t.max_fires_per_second), d.first_release,
+           t.max_fires_per_second, d.wanted, LEAST(d.wanted, t.max_fires_per_second)
+    FROM demand AS d JOIN tenants_tenant AS t ON t.id = d.tenant_id
+    ORDER BY d.tenant_id
+    ON CONFLICT (tenant_id) DO UPDATE SET
+        tokens = LEAST(EXCLUDED.rate, b.tokens + EXCLUDED.rate
+                       * GREATEST(0, EXTRACT(EPOCH FROM clock_timestamp() - b.refilled_at)))
+                 - LEAST(EXCLUDED.wanted, GREATEST(0, LEAST(EXCLUDED.rate, b.tokens + EXCLUDED.rate
+                       * GREATEST(0, EXTRACT(EPOCH FROM clock_timestamp() - b.refilled_at))))::bigint),
+        last_granted = LEAST(EXCLUDED.wanted, GREATEST(0, LEAST(EXCLUDED.rate, b.tokens + EXCLUDED.rate
+                       * GREATEST(0, EXTRACT(EPOCH FROM clock_timestamp() - b.refilled_at))))::bigint),
+        refilled_at = GREATEST(b.refilled_at, EXCLUDED.refilled_at), rate = EXCLUDED.rate, wanted = EXCLUDED.wanted
+    RETURNING b.tenant_id, b.last_granted, b.tokens, b.rate, b.refilled_at
+)
+SELECT d.tenant_id, d.wanted, r.last_granted, t.fairness_weight, d.strict_envelopes, d.flexible_envelopes,
+       CASE WHEN r.tokens > 0 THEN 0
+            ELSE GREATEST(0, EXTRACT(EPOCH FROM r.refilled_at - clock_timestamp()))
+                 + (1 - r.tokens) / GREATEST(r.rate, 1) END AS refill_seconds
+FROM demand AS d
+JOIN reserved AS r ON r.tenant_id = d.tenant_id
+JOIN tenants_tenant AS t ON t.id = d.tenant_id
+ORDER BY d.tenant_id
+"""
+
+# Envelopes already due whose tenant got no tokens this step are marked throttled, once, with their occurrences,
+# and their fires counted on the bucket: the occurrences' lateness is the tenant's own quota (the claim's misfire
+# rule does not count it, and it is reported apart from the platform's lag). Its own transaction, after the
+# reservation's commit: it may wait on an occurrence row (an API change), and must not hold a bucket row then.
+# SKIP LOCKED: an envelope another relay holds is that relay's to publish; this never waits on it.
+MARK_THROTTLED = """
+WITH marked AS (
+    UPDATE dispatch_outboxmessage AS m SET throttled = true
+    WHERE m.id IN (
+        SELECT id FROM dispatch_outboxmessage
+        WHERE tenant_id = ANY(%(tenant_ids)s::bigint[]) AND published_at IS NULL
+          AND available_at <= clock_timestamp() AND NOT throttled
+        FOR UPDATE SKIP LOCKED)
+    RETURNING m.tenant_id, m.occurrence_ids, m.scheduled_fors
+), flagged AS (
+    UPDATE dispatch_occurrence AS o SET throttled = true
+    FROM (SELECT u.occurrence_id, u.scheduled_for
+          FROM marked, unnest(marked.occurrence_ids, marked.scheduled_fors) AS u(occurrence_id, scheduled_for)) AS x
+    WHERE o.occurrence_id = x.occurrence_id AND o.scheduled_for = x.scheduled_for
+)
+UPDATE dispatch_tenant_fire_bucket AS b SET throttled_fires = b.throttled_fires + s.fires
+FROM (SELECT tenant_id, sum(cardinality(occurrence_ids)) AS fires FROM marked GROUP BY tenant_id
+      ORDER BY tenant_id) AS s
+WHERE b.tenant_id = s.tenant_id
+"""
+
+# The fair claim of one lane: per tenant, its share of the batch (computed by the relay from the weights), its
+# unpublished envelopes due within the lead in (time, priority) order, locked. The per-tenant LATERAL with its
+# own LIMIT is what makes it fair: one ORDER BY over all tenants would hand a whole batch to whoever materialized
+# first. SKIP LOCKED inside the LATERAL, before the LIMIT: a second relay takes the next envelopes of the same
+# tenant instead of none. Served by outbox_due_by_tenant (queue, tenant_id, available_at, priority DESC, id).
+CLAIM_FAIR_SHARES = """
+SELECT c.id, c.queue, c.priority, c.body, c.fires, c.available_at, g.tenant_id
+FROM unnest(%(tenant_ids)s::bigint[], %(shares)s::int[]) AS g(tenant_id, share)
+CROSS JOIN LATERAL (
+    SELECT m.id, m.queue, m.priority, m.body, cardinality(m.occurrence_ids) AS fires, m.available_at
+    FROM dispatch_outboxmessage AS m
+    WHERE m.queue = %(queue)s AND m.tenant_id = g.tenant_id AND m.published_at IS NULL
+      AND m.available_at <= clock_timestamp() + make_interval(secs => %(lead)s)
+    ORDER BY m.available_at, m.priority DESC, m.id
+    LIMIT g.share
+    FOR UPDATE SKIP LOCKED
+) AS c
+"""
+
+# After the step's commit: tokens granted but not used go back (an envelope larger than the rest of a grant was
+# still sent whole, so `unused` may be negative: the bucket goes into debt and refills from there).
+RETURN_TOKENS = """
+UPDATE dispatch_tenant_fire_bucket AS b
+SET tokens = LEAST(b.rate, b.tokens + u.unused), dispatched_fires = b.dispatched_fires + u.used
+FROM unnest(%(tenant_ids)s::bigint[], %(unused)s::bigint[], %(used)s::bigint[]) AS u(tenant_id, unused, used)
+WHERE b.tenant_id = u.tenant_id
+"""
+
+# --- max_running: the workers' shared running count ----------------------------------------------------------
+
+# Take a running slot for a claim, before its state change: what the claim does while holding the counter row
+# (the conditional UPDATE of its own occurrence row, the attempt insert keyed by it, or parking it) waits on no one.
+# No row returned: the tenant is at its quota. max_running = 0 means unlimited (the count is still kept, for the
+# console and metrics).
+TAKE_RUNNING_SLOT = """
+INSERT INTO dispatch_tenant_running AS r (tenant_id, running)
+VALUES (%(tenant_id)s, 1)
+ON CONFLICT (tenant_id) DO UPDATE SET running = r.running + 1
+WHERE r.running < COALESCE((SELECT NULLIF(t.max_running, 0) FROM tenants_tenant AS t WHERE t.id = r.tenant_id),
+                           2147483647)
+RETURNING r.running
+"""
+
+# A claim refused by the quota is counted (the console shows it per tenant). Its own short statement.
+COUNT_THROTTLED_CLAIM = """
+UPDATE dispatch_tenant_running SET throttled_claims = throttled_claims + 1 WHERE tenant_id = %(tenant_id)s
+"""
+
+# Give back running slots, per tenant, in the transaction that moved the occurrences out of `running` (a
+# completion, a side exit over an expired lease, the reaper), as its last statement.
+RELEASE_RUNNING_SLOTS = """
+UPDATE dispatch_tenant_running AS r SET running = GREATEST(0, r.running - u.slots)
+FROM (SELECT tenant_id, slots FROM unnest(%(tenant_ids)s::bigint[], %(slots)s::int[]) AS x(tenant_id, slots)
+      ORDER BY tenant_id) AS u
+WHERE r.tenant_id = u.tenant_id
+"""
+
+# --- max_catchup_per_minute: one budget per tenant and minute ------------------------------------------------
+
+# The minute's row, created empty if it is new, locked either way, and how much of it is used: the no-op DO UPDATE
+# is what locks an existing row and returns its latest value. The caller takes what it needs and writes it back in
+# the same transaction (held to commit; callers take tenants in tenant_id order).
+LOCK_CATCHUP_WINDOW = """
+INSERT INTO dispatch_tenant_catchup_window AS w (tenant_id, window_start, used)
+VALUES (%(tenant_id)s, %(window)s, 0)
+ON CONFLICT (tenant_id, window_start) DO UPDATE SET used = w.used
+RETURNING w.used
+"""
+
+SET_CATCHUP_WINDOW = """
+UPDATE dispatch_tenant_catchup_window SET used = %(used)s
+WHERE tenant_id = %(tenant_id)s AND window_start = %(window)s
+"""
+
+# Minutes long past: dropped by the lease reaper's pass, like the retry windows.
+PRUNE_CATCHUP_WINDOWS = """
+DELETE FROM dispatch_tenant_catchup_window
+WHERE window_start < clock_timestamp() - make_interval(secs => %(keep)s)
+"""
