@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
 
-.PHONY: demo test install services database migrate lint format clean
+.PHONY: demo test install services browser database migrate lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ install: $(VENV)/.installed
 services:
 	bash scripts/ensure_services.sh
 
+# The browser tests drive the system's Chromium (Debian's package) through Playwright.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+
 database: install services
 	$(BIN)/python scripts/ensure_database.py
 
@@ -30,7 +35,7 @@ demo: migrate
 	$(BIN)/python manage.py provision_demo --port $(PORT)
 	PATH="$(abspath $(BIN)):$$PATH" PORT=$(PORT) $(BIN)/honcho start -f Procfile
 
-test: install services
+test: install services browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

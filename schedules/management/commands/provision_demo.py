@@ -16,6 +16,11 @@ from tenants.services import provision_tenant
 
 DEMO_SLUG = "demo"
 DEMO_DOMAIN = "demo.localhost"
+# A second, busier tenant held to small quotas, so the console shows fairness and throttling at work.
+BUSY_SLUG = "analytics"
+BUSY_DOMAIN = "analytics.localhost"
+BUSY_SCHEDULES = 120
+BUSY_QUOTAS = {"max_fires_per_second": 20, "max_running": 5, "fairness_weight": 1}
 OPERATOR_USERNAME = "operator"
 
 
@@ -57,6 +62,17 @@ def demo_schedules(now: Any) -> list[dict[str, Any]]:
             "overlap_policy": "skip_if_running",
         },
         {
+            # Points at a port on this machine: the webhook handler refuses private addresses, so every run ends
+            # dead with its reason, and the DLQ (and its replay) has something to show.
+            "name": "crm-webhook",
+            "kind": "cron",
+            "cron": "*/2 * * * *",
+            "timezone": "UTC",
+            "handler": "webhook",
+            "payload": {"url": "http://127.0.0.1:9/hooks/crm"},
+            "max_attempts": 1,
+        },
+        {
             "name": "welcome-email",
             "kind": "once",
             "run_at": (now + timedelta(minutes=2)).replace(microsecond=0),
@@ -87,6 +103,23 @@ class Command(BaseCommand):
                 request_fingerprint=f"demo:{body['name']}",
             )
             created += was_created
+        busy = provision_tenant(BUSY_SLUG, domain=BUSY_DOMAIN, name="Analytics Ltd.", **BUSY_QUOTAS)
+        for n in range(BUSY_SCHEDULES):
+            body = {
+                "name": f"refresh-dashboard-{n:03d}",
+                "kind": "cron",
+                "cron": "* * * * *",
+                "timezone": "Europe/London",
+                "handler": "noop",
+            }
+            _, was_created = create_schedule(
+                tenant=busy.tenant,
+                data=body,
+                actor="operator:demo-setup",
+                idempotency_key=f"demo:{body['name']}",
+                request_fingerprint=f"demo:{body['name']}",
+            )
+            created += was_created
         password = os.environ.get("DEMO_OPERATOR_PASSWORD", "scheduler-demo")
         call_command("ensure_operator", username=OPERATOR_USERNAME, password=password, stdout=io.StringIO())
 
@@ -97,7 +130,7 @@ class Command(BaseCommand):
             f"  Operator console : http://localhost:{port}/admin/",
             f"  Operator login   : user {OPERATOR_USERNAME!r}, password {password!r}",
             f"  Metrics / health : http://localhost:{port}/metrics   http://localhost:{port}/healthz",
-            f"  Tenant API       : {base}/api/v1/schedules/   ({created} schedules created now)",
+            f"  Tenant API       : {base}/api/v1/schedules/   ({created} schedules created now, two tenants)",
             f"  API docs         : {base}/api/v1/docs/",
             f"  API token        : {demo.token}",
             f"  Try: curl -H 'Authorization: Token {demo.token}' {base}/api/v1/schedules/",

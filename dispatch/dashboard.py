@@ -1,0 +1,274 @@
+"""The console dashboard (the admin index): the questions an operator asks first, as charts drawn server-side.
+
+Charts are inline SVG built here, with no script and nothing fetched from elsewhere: the console works offline.
+Every figure comes from PostgreSQL at page load (dispatch/sql/dashboard.py says how each read stays bounded).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
+
+from dispatch.sql import DB_NOW
+from dispatch.sql import dashboard as dashboard_sql
+from dispatch.stuck import DEFAULT_STUCK_AFTER_SECONDS, STUCK_PAGE, stuck_pages
+
+WINDOW_MINUTES = 60
+# Above this many occurrences in the window the chart reads a sample (TABLESAMPLE SYSTEM), scaled back up.
+SAMPLE_ROWS = 200_000
+TENANT_ROWS = 12
+# A process whose heartbeat is older than this is shown as silent (and, older still, not at all).
+SILENT_AFTER_SECONDS = 30
+RECENT_PROCESSES_SECONDS = 600
+STATE_COLORS = {
+    "succeeded": "#2e7d32",
+    "running": "#1565c0",
+    "enqueued": "#64b5f6",
+    "scheduled": "#b0bec5",
+    "retry_wait": "#f9a825",
+    "dead": "#c62828",
+    "missed": "#8e24aa",
+    "skipped_overlap": "#6d4c41",
+    "canceled": "#757575",
+}
+LANE_COLORS = {"strict": ("#1565c0", "#42a5f5", "#90caf9"), "flexible": ("#2e7d32", "#66bb6a", "#a5d6a7")}
+
+
+@dataclass
+class Dashboard:
+    now: datetime
+    sample_percent: float
+    minutes: list[datetime]
+    lag: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)  # lane -> quantile -> per minute
+    states: dict[str, list[int]] = field(default_factory=dict)  # state -> per minute
+    recent_by_tenant: dict[int, int] = field(default_factory=dict)
+    due: list[tuple[datetime, int]] = field(default_factory=list)
+    backlog: dict[str, float] = field(default_factory=dict)
+    dead: int = 0
+    stuck: int = 0
+    stuck_capped: bool = False
+    tenants: list[dict[str, Any]] = field(default_factory=list)
+    processes: list[dict[str, Any]] = field(default_factory=list)
+
+    # --- charts ------------------------------------------------------------------------------------------------
+
+    def lag_chart(self) -> SafeString:
+        series = []
+        for lane, quantiles in sorted(self.lag.items()):
+            colors = LANE_COLORS.get(lane, ("#444", "#777", "#aaa"))
+            for (quantile, values), color in zip(sorted(quantiles.items(), reverse=True), colors, strict=False):
+                series.append((f"{lane} {quantile}", color, values))
+        return line_chart(series, self.minutes, unit="s", empty="No fire was enqueued in the last hour yet.")
+
+    def states_chart(self) -> SafeString:
+        stacks = [(state, STATE_COLORS.get(state, "#999"), counts) for state, counts in self.states.items()]
+        return stacked_bars(stacks, self.minutes, empty="No fire was due in the last hour yet.")
+
+    def due_chart(self) -> SafeString:
+        return bar_chart(self.due, empty="Nothing falls due in the next hour.")
+
+
+def build(*, shards: int | None = None) -> Dashboard:
+    shards = shards or settings.SCHEDULER_SHARDS
+    with connection.cursor() as cursor:
+        cursor.execute(DB_NOW)
+        now = cursor.fetchone()[0]
+        since = (now - timedelta(minutes=WINDOW_MINUTES)).replace(second=0, microsecond=0)
+        minutes = [since + timedelta(minutes=n) for n in range(WINDOW_MINUTES + 1)]
+        cursor.execute(dashboard_sql.RECENT_ROWS_ESTIMATE, {"since": since})
+        estimate = float(cursor.fetchone()[0] or 0)
+        percent = 100.0 if estimate <= SAMPLE_ROWS else max(0.01, 100.0 * SAMPLE_ROWS / estimate)
+        dash = Dashboard(now=now, sample_percent=percent, minutes=minutes)
+        sample = "" if percent >= 100 else f"TABLESAMPLE SYSTEM ({percent:.4f})"
+        cursor.execute(dashboard_sql.RECENT_BY_MINUTE.format(sample=sample), {"since": since})
+        _fill_recent(dash, cursor.fetchall(), scale=100.0 / percent)
+        cursor.execute(dashboard_sql.DUE_NEXT_HOUR, {"shards": shards})
+        dash.due = [(minute, int(fires)) for minute, fires in cursor.fetchall()]
+        cursor.execute(dashboard_sql.BACKLOG)
+        due_envelopes, due_fires, oldest_age, unsettled = cursor.fetchone()
+        dash.backlog = {
+            "due_envelopes": due_envelopes,
+            "due_fires": int(due_fires),
+            "oldest_age": max(0.0, float(oldest_age)),
+            "unsettled": unsettled,
+        }
+        cursor.execute(dashboard_sql.DEAD_COUNT)
+        dash.dead = cursor.fetchone()[0]
+        cursor.execute(dashboard_sql.TENANT_USAGE, {"limit": TENANT_ROWS})
+        for tenant_id, slug, rate, max_running, sent, throttled, running, waited in cursor.fetchall():
+            dash.tenants.append(
+                {
+                    "id": tenant_id,
+                    "slug": slug,
+                    "rate": rate,
+                    "max_running": max_running,
+                    "dispatched": sent,
+                    "throttled": throttled,
+                    "running": running,
+                    "throttled_claims": waited,
+                    "recent": dash.recent_by_tenant.get(tenant_id, 0),
+                }
+            )
+        cursor.execute(dashboard_sql.RUNNING_BY_WORKER)
+        running_by_worker = dict(cursor.fetchall())
+        cursor.execute(dashboard_sql.PROCESSES, {"recent": RECENT_PROCESSES_SECONDS})
+        for role, name, started_at, age, leases in cursor.fetchall():
+            dash.processes.append(
+                {
+                    "role": role,
+                    "name": name,
+                    "started_at": started_at,
+                    "age": float(age),
+                    "live": float(age) <= SILENT_AFTER_SECONDS,
+                    "leases": leases if role == "materializer" else running_by_worker.get(name, 0),
+                }
+            )
+    first_page = next(
+        stuck_pages(since=now - timedelta(days=1), until=now, now=now, stuck_after_seconds=DEFAULT_STUCK_AFTER_SECONDS),
+        [],
+    )
+    dash.stuck, dash.stuck_capped = len(first_page), len(first_page) >= STUCK_PAGE
+    return dash
+
+
+def _fill_recent(dash: Dashboard, rows: list[tuple], *, scale: float) -> None:
+    index = {minute: n for n, minute in enumerate(dash.minutes)}
+    width = len(dash.minutes)
+    lag: dict[str, dict[str, list[float | None]]] = defaultdict(
+        lambda: {"p50": [None] * width, "p95": [None] * width, "p99": [None] * width}
+    )
+    states: dict[str, list[int]] = defaultdict(lambda: [0] * width)
+    for grouping, minute, lane, state, tenant_id, count, p50, p95, p99 in rows:
+        if grouping == 3 and minute in index and p50 is not None:
+            for name, value in (("p50", p50), ("p95", p95), ("p99", p99)):
+                lag[lane][name][index[minute]] = max(0.0, float(value))
+        elif grouping == 5 and minute in index:
+            states[state][index[minute]] = round(count * scale)
+        elif grouping == 14:
+            dash.recent_by_tenant[tenant_id] = round(count * scale)
+    dash.lag = dict(lag)
+    order = list(STATE_COLORS)
+    dash.states = {state: states[state] for state in sorted(states, key=lambda s: order.index(s) if s in order else 99)}
+
+
+# --- SVG --------------------------------------------------------------------------------------------------------
+
+WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 560, 190, 44, 22, 8
+
+
+def _frame(max_value: float, unit: str, x_labels: list[tuple[float, str]], *, counts: bool = False) -> list[str]:
+    """Axes, three horizontal grid lines with their values (whole numbers for counts), and the x labels."""
+    plot_h = HEIGHT - BOTTOM - TOP
+    parts = []
+    for fraction in (0.0, 0.5, 1.0):
+        y = TOP + plot_h * (1 - fraction)
+        value = max_value * fraction
+        label = f"{value:,.0f}{unit}" if counts or max_value >= 10 else f"{value:.2f}{unit}"
+        parts.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{WIDTH}" y2="{y:.1f}" class="grid"/>')
+        parts.append(f'<text x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end" class="tick">{escape(label)}</text>')
+    for x, text in x_labels:
+        parts.append(f'<text x="{x:.1f}" y="{HEIGHT - 6}" text-anchor="middle" class="tick">{escape(text)}</text>')
+    return parts
+
+
+def _svg(parts: list[str], title: str) -> SafeString:
+    """Every text inside `parts` went through escape(); numbers and colours are ours."""
+    body = "".join(parts)
+    return mark_safe(
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}">{body}</svg>'
+    )
+
+
+def _empty(message: str) -> SafeString:
+    return mark_safe(f'<p class="chart-empty">{escape(message)}</p>')
+
+
+def _time_labels(minutes: list[datetime], every: int = 10) -> list[tuple[float, str]]:
+    plot_w = WIDTH - LEFT
+    step = plot_w / max(1, len(minutes) - 1)
+    return [
+        (LEFT + n * step, minute.astimezone(UTC).strftime("%H:%M"))
+        for n, minute in enumerate(minutes)
+        if n % every == 0
+    ]
+
+
+def line_chart(
+    series: list[tuple[str, str, list[float | None]]], minutes: list[datetime], *, unit: str, empty: str
+) -> SafeString:
+    values = [v for _, _, points in series for v in points if v is not None]
+    if not values:
+        return _empty(empty)
+    top = max(values) * 1.1 or 1.0
+    plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM - TOP
+    step = plot_w / max(1, len(minutes) - 1)
+    parts = _frame(top, unit, _time_labels(minutes))
+    legend_x = LEFT + 6
+    for name, color, points in series:
+        coords = [
+            f"{LEFT + n * step:.1f},{TOP + plot_h * (1 - v / top):.1f}" for n, v in enumerate(points) if v is not None
+        ]
+        if len(coords) == 1:
+            x, y = coords[0].split(",")
+            parts.append(f'<circle cx="{x}" cy="{y}" r="2.5" fill="{color}"/>')
+        elif coords:
+            parts.append(f'<polyline points="{" ".join(coords)}" fill="none" stroke="{color}" stroke-width="1.6"/>')
+        parts.append(f'<rect x="{legend_x}" y="{TOP + 2}" width="8" height="8" fill="{color}"/>')
+        parts.append(f'<text x="{legend_x + 11}" y="{TOP + 10}" class="legend">{escape(name)}</text>')
+        legend_x += 18 + 7 * len(name)
+    return _svg(parts, "enqueue lag per lane")
+
+
+def stacked_bars(stacks: list[tuple[str, str, list[int]]], minutes: list[datetime], *, empty: str) -> SafeString:
+    totals = [sum(counts[n] for _, _, counts in stacks) for n in range(len(minutes))]
+    if not any(totals):
+        return _empty(empty)
+    top = float(max(2, math.ceil(max(totals) * 1.1)))
+    plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM - TOP
+    bar_w = plot_w / len(minutes)
+    parts = _frame(top, "", _time_labels(minutes), counts=True)
+    for n in range(len(minutes)):
+        y = TOP + plot_h
+        for state, color, counts in stacks:
+            if counts[n]:
+                h = plot_h * counts[n] / top
+                y -= h
+                parts.append(
+                    f'<rect x="{LEFT + n * bar_w:.1f}" y="{y:.1f}" width="{max(1.0, bar_w - 1):.1f}" height="{h:.1f}"'
+                    f' fill="{color}"><title>{escape(state)}: {counts[n]}</title></rect>'
+                )
+    legend_x = LEFT + 6
+    for state, color, _ in stacks:
+        parts.append(f'<rect x="{legend_x}" y="{TOP + 2}" width="8" height="8" fill="{color}"/>')
+        parts.append(f'<text x="{legend_x + 11}" y="{TOP + 10}" class="legend">{escape(state)}</text>')
+        legend_x += 18 + 6.5 * len(state)
+    return _svg(parts, "fires per minute by state")
+
+
+def bar_chart(points: list[tuple[datetime, int]], *, empty: str) -> SafeString:
+    if not points:
+        return _empty(empty)
+    start = points[0][0].replace(second=0, microsecond=0)
+    minutes = [start + timedelta(minutes=n) for n in range(61)]
+    by_minute = dict(points)
+    counts = [by_minute.get(minute, 0) for minute in minutes]
+    top = float(max(2, math.ceil(max(counts) * 1.1)))
+    plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM - TOP
+    bar_w = plot_w / len(minutes)
+    parts = _frame(top, "", _time_labels(minutes), counts=True)
+    for n, count in enumerate(counts):
+        if count:
+            h = plot_h * count / top
+            parts.append(
+                f'<rect x="{LEFT + n * bar_w:.1f}" y="{TOP + plot_h - h:.1f}" width="{max(1.0, bar_w - 1):.1f}"'
+                f' height="{h:.1f}" fill="#1565c0"><title>{minutes[n]:%H:%M} UTC: {count} fires</title></rect>'
+            )
+    return _svg(parts, "fires due in the next 60 minutes")

@@ -1,0 +1,23 @@
+"""`{% scheduler_dashboard %}`: the dashboard panels on the console's index (templates/admin/index.html)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django import template
+
+from dispatch import dashboard
+
+register = template.Library()
+logger = logging.getLogger(__name__)
+
+
+@register.inclusion_tag("admin/dispatch/dashboard.html", takes_context=True)
+def scheduler_dashboard(context: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return {"dash": dashboard.build(), "request": context.get("request")}
+    except Exception:
+        # The index must still open (and link everywhere) when a figure cannot be read.
+        logger.exception("dashboard failed", extra={"action": "dashboard"})
+        return {"dash": None, "request": context.get("request")}
