@@ -11,19 +11,27 @@ from typing import Any
 from kombu import Exchange, Queue
 
 # The relay publishes envelopes to the default exchange ("") with routing key = queue name, so the queues need no
-# binding of their own. They are plain durable classic queues without x-arguments: the relay declares the same
-# queues with aio-pika (durable=True, no arguments), and RabbitMQ refuses a redeclaration whose flags or arguments
-# differ (PRECONDITION_FAILED). Moving to quorum queues is a change on both sides at once.
+# binding of their own. They are durable, with the x-arguments of dispatch.queues.queue_arguments (none for classic
+# queues, x-queue-type for quorum ones): the relay declares the same queues with aio-pika, and RabbitMQ refuses a
+# redeclaration whose flags or arguments differ (PRECONDITION_FAILED).
 DEFAULT_EXCHANGE = Exchange("", type="direct")
 
 
 def task_queues() -> tuple[Queue, ...]:
     # Imported here: queue names come from Django settings, which this module must not load (celery.py imports
     # it while the settings module itself may still be importing).
-    from dispatch.queues import ALL_QUEUES
+    from dispatch.queues import ALL_QUEUES, queue_arguments
 
     return tuple(
-        Queue(name, exchange=DEFAULT_EXCHANGE, routing_key=name, durable=True, auto_delete=False) for name in ALL_QUEUES
+        Queue(
+            name,
+            exchange=DEFAULT_EXCHANGE,
+            routing_key=name,
+            durable=True,
+            auto_delete=False,
+            queue_arguments=queue_arguments() or None,
+        )
+        for name in ALL_QUEUES
     )
 
 

@@ -12,5 +12,13 @@ FLEXIBLE_QUEUE: str = settings.SCHEDULER_FLEXIBLE_QUEUE
 ALL_QUEUES = (STRICT_QUEUE, FLEXIBLE_QUEUE)
 
 
+def queue_arguments(queue_type: str | None = None) -> dict[str, str]:
+    """The x-arguments every declaration of the lanes' queues carries (relay, workers, benchmarks alike): RabbitMQ
+    refuses a redeclaration whose arguments differ. Classic queues have none; quorum queues (replicated with Raft
+    across a cluster's nodes, the type a production cluster uses) are `x-queue-type: quorum`."""
+    queue_type = queue_type or settings.SCHEDULER_QUEUE_TYPE
+    return {"x-queue-type": "quorum"} if queue_type == "quorum" else {}
+
+
 def queue_for_lane(lane: str) -> str:
     return FLEXIBLE_QUEUE if lane == "flexible" else STRICT_QUEUE

@@ -27,6 +27,7 @@ from kombu import Connection as BrokerConnection
 from tqdm import tqdm
 
 from dispatch.bench.processes import PROJECT_ROOT, children_rss_peak_mb, database_url
+from dispatch.queues import queue_arguments
 from schedules.clock import db_now
 from schedules.models import shard_for
 from tenants.models import Tenant
@@ -62,6 +63,7 @@ class BurstConfig:
     deadline_seconds: float = 120.0
     keep: bool = False
     lags_out: str | None = None
+    queue_type: str = "classic"  # classic or quorum (SCHEDULER_QUEUE_TYPE of the processes)
 
 
 class BurstBenchmark:
@@ -244,6 +246,7 @@ class BurstBenchmark:
                 "SCHEDULER_STRICT_QUEUE": BENCH_STRICT_QUEUE,
                 "SCHEDULER_FLEXIBLE_QUEUE": BENCH_FLEXIBLE_QUEUE,
                 "SCHEDULER_HORIZON_SECONDS": str(horizon),
+                "SCHEDULER_QUEUE_TYPE": self.config.queue_type,
                 "SCHEDULER_LOG_LEVEL": "WARNING",
                 "DATABASE_URL": database_url(),
             }
@@ -378,7 +381,9 @@ class BurstBenchmark:
         occurrences: set[str] = set()
         with BrokerConnection(settings.CELERY_BROKER_URL) as broker:
             for queue in (BENCH_STRICT_QUEUE, BENCH_FLEXIBLE_QUEUE):
-                simple = broker.SimpleQueue(queue, no_ack=True)
+                simple = broker.SimpleQueue(
+                    queue, no_ack=True, queue_opts={"queue_arguments": queue_arguments(self.config.queue_type) or None}
+                )
                 try:
                     while True:
                         try:
@@ -443,6 +448,7 @@ class BurstBenchmark:
             "idle": config.idle,
             "materializers": config.materializers,
             "relays": config.relays,
+            "queue_type": config.queue_type,
             **stats,
             "lost": config.schedules - stats["enqueued"],
             "lost_on_broker": config.schedules - audit["occurrences"],

@@ -28,7 +28,7 @@ from dispatch.engine.faults import crash_point
 from dispatch.engine.loop import Outage, StopFlag, default_process_name
 from dispatch.engine.timer import Claimed, PriorityTimer
 from dispatch.envelopes import message_headers, task_id_for
-from dispatch.queues import ALL_QUEUES, STRICT_QUEUE
+from dispatch.queues import ALL_QUEUES, STRICT_QUEUE, queue_arguments
 from dispatch.quotas import Demand, fair_shares, virtual_finish
 from dispatch.sql import DB_NOW
 from dispatch.sql import outbox as outbox_sql
@@ -177,8 +177,8 @@ class Relay:
         """Declare the lanes' queues (idempotent): also after a failed publish, since a deleted queue is the
         usual reason a message comes back."""
         for queue in ALL_QUEUES:
-            # Plain durable classic queues, declared exactly as the Celery workers declare them.
-            await self.channel.declare_queue(queue, durable=True)
+            # Durable, with the same arguments as the Celery workers declare them (dispatch.queues.queue_arguments).
+            await self.channel.declare_queue(queue, durable=True, arguments=queue_arguments() or None)
 
     async def close(self) -> None:
         if self._broker is not None:

@@ -40,9 +40,11 @@ def activity(tenant_a, make_schedule, make_occurrence):
         make_occurrence(schedule, at=at, state=state, enqueued_at=at + timedelta(seconds=lag))
     soon = now + timedelta(minutes=10)
     with connection.cursor() as cursor:
-        enqueue(cursor, [Fire(occurrence_id_for(schedule.id, 1, soon), soon, tenant.id, STRICT_QUEUE, soon, 0)] * 1)
+        enqueue(cursor, [Fire(occurrence_id_for(schedule.id, 1, soon), soon, tenant.id, STRICT_QUEUE, soon, 0)])
     ProcessHeartbeat.objects.all().delete()
-    ProcessHeartbeat.objects.create(name="materializer-dash", role="materializer", started_at=now, heartbeat_at=db_now())
+    ProcessHeartbeat.objects.create(
+        name="materializer-dash", role="materializer", started_at=now, heartbeat_at=db_now()
+    )
     ProcessHeartbeat.objects.create(
         name="worker-dash", role="worker", started_at=now, heartbeat_at=db_now() - timedelta(seconds=120)
     )

@@ -14,9 +14,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from amqp.exceptions import NotFound
 from django.conf import settings
 from django.db import connection
-from kombu import Connection, Exchange, Queue
+from kombu import Connection
 
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Attempt, Occurrence, OccurrenceState
@@ -88,11 +89,11 @@ def role_is_group(process: subprocess.Popen) -> bool:
 
 
 def purge() -> None:
+    """Delete this module's queues: the processes declare them again, of the type their settings say."""
     with Connection(settings.CELERY_BROKER_URL) as conn:
         channel = conn.default_channel
         for name in (STRICT, FLEXIBLE):
-            Queue(name, exchange=Exchange(""), routing_key=name, durable=True)(channel).declare()
-            channel.queue_purge(name)
+            channel.queue_delete(name)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
@@ -136,8 +137,12 @@ def relays_connected() -> int:
 
 
 def consumers(queue: str) -> int:
+    """Consumers of `queue`; 0 while nobody has declared it yet."""
     with Connection(settings.CELERY_BROKER_URL) as conn:
-        return conn.default_channel.queue_declare(queue=queue, durable=True, passive=True).consumer_count
+        try:
+            return conn.default_channel.queue_declare(queue=queue, durable=True, passive=True).consumer_count
+        except NotFound:
+            return 0
 
 
 def enqueued_lags(tenant: Tenant) -> list[float]:
@@ -166,9 +171,10 @@ def test_two_relays_hold_a_tenant_to_its_fire_rate_and_keep_another_tenant_on_ti
 
     throttled = enqueued_lags(throttled_tenant)
     # The rate holds across both relays: by any instant, at most one second's burst plus the rate since T0, plus
-    # one envelope per relay (an envelope is never split).
+    # one envelope per relay (an envelope is never split). The stamps are the relays' monotonic readings mapped
+    # onto PostgreSQL's clock: 50 ms of slack for that mapping.
     for n, lag in enumerate(throttled, start=1):
-        assert n <= rate + rate * max(lag, 0) + 2 * ENVELOPE, (n, lag)
+        assert n <= rate + rate * (max(lag, 0) + 0.05) + 2 * ENVELOPE, (n, lag)
     assert throttled[-1] >= (fires - rate - 2 * ENVELOPE) / rate, "the excess waited for tokens"
     assert throttled[-1] <= fires / rate + 3, "and left as tokens came, not much later"
     assert len(throttled) == fires, "none dropped"

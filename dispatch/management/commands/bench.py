@@ -44,6 +44,9 @@ class Command(BaseCommand):
         burst.add_argument("--deadline", type=float, default=120.0, help="seconds after T0 before giving up")
         burst.add_argument("--keep", action="store_true", help="keep the bench rows for inspection")
         burst.add_argument("--lags-out", type=Path, default=None, help="write each fire's lag (s), one per line")
+        burst.add_argument(
+            "--queue-type", choices=["classic", "quorum"], default="classic", help="RabbitMQ queue type of the lanes"
+        )
         drain = sub.add_parser("drain", help="the burst through real workers: execution rate and lag to the effect")
         drain.add_argument("--occurrences", type=int, required=True, help="fires due at the same instant")
         drain.add_argument("--workers", type=int, default=1, help="Celery worker processes")
@@ -95,6 +98,7 @@ class Command(BaseCommand):
             deadline_seconds=options["deadline"],
             keep=options["keep"],
             lags_out=str(options["lags_out"]) if options["lags_out"] else None,
+            queue_type=options["queue_type"],
         )
         try:
             result = BurstBenchmark(config, out=self.stdout).run()
