@@ -180,6 +180,9 @@ class ScheduleVersion(models.Model):
     valid_from = models.DateTimeField()
     valid_to = models.DateTimeField(null=True, blank=True)
     actor = models.CharField(max_length=200, help_text="Who made the change, e.g. 'tenant:acme/api'.")
+    # Why, in the actor's words ("paused: upstream API down until Monday"); a database default, so raw inserts
+    # (the benchmarks' COPY) need not name it.
+    note = models.TextField(blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["schedule", "-version"]

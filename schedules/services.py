@@ -224,7 +224,7 @@ def _first_fire(rule: TimeRule, now: datetime) -> datetime | None:
 # --- writing ----------------------------------------------------------------------------------------------
 
 
-def _record_version(schedule: Schedule, change: str, actor: str, now: datetime) -> None:
+def _record_version(schedule: Schedule, change: str, actor: str, now: datetime, note: str = "") -> None:
     ScheduleVersion.objects.filter(schedule=schedule, valid_to__isnull=True).update(valid_to=now)
     ScheduleVersion.objects.create(
         schedule=schedule,
@@ -234,6 +234,7 @@ def _record_version(schedule: Schedule, change: str, actor: str, now: datetime) 
         definition=schedule.definition(),
         valid_from=now,
         actor=actor,
+        note=note,
     )
 
 
@@ -260,14 +261,14 @@ WITHDRAWN_BY: dict[str, str] = {
 }
 
 
-def _bump(schedule: Schedule, change: str, actor: str, now: datetime) -> None:
+def _bump(schedule: Schedule, change: str, actor: str, now: datetime, note: str = "") -> None:
     """Save a new version and withdraw what older versions left unclaimed (ARCHITECTURE rule 9).
 
     Backfilled, replayed and manually triggered occurrences (forced) survive an update or pause, which they
     predate by design; a cancel withdraws them too."""
     schedule.version += 1
     schedule.save()
-    _record_version(schedule, change, actor, now)
+    _record_version(schedule, change, actor, now, note)
     dispatch_occurrences.invalidate_unclaimed_occurrences(
         schedule.id,
         schedule.version,
@@ -396,7 +397,8 @@ def _next_fire_after_change(rule: TimeRule, now: datetime) -> datetime | None:
     return rule.next_after(now)
 
 
-def pause_schedule(schedule: Schedule, *, actor: str, now: datetime | None = None) -> Schedule:
+def pause_schedule(schedule: Schedule, *, actor: str, note: str = "", now: datetime | None = None) -> Schedule:
+    """Stop firing from now; `note` (why, in the actor's words) is kept on the new version."""
     with transaction.atomic():
         now = now or db_now()
         schedule = _lock_for_change(schedule, now)
@@ -406,12 +408,12 @@ def pause_schedule(schedule: Schedule, *, actor: str, now: datetime | None = Non
             raise StateConflict(f"Only an active schedule can be paused; this one is {schedule.state}.")
         schedule.state = ScheduleState.PAUSED
         schedule.next_run_at = None
-        _bump(schedule, VersionChange.PAUSE, actor, now)
+        _bump(schedule, VersionChange.PAUSE, actor, now, note)
     logger.info("paused schedule %s", schedule.id, extra={"action": "pause_schedule"})
     return schedule
 
 
-def resume_schedule(schedule: Schedule, *, actor: str, now: datetime | None = None) -> Schedule:
+def resume_schedule(schedule: Schedule, *, actor: str, note: str = "", now: datetime | None = None) -> Schedule:
     """Resume from now: fires that fell in the pause are not caught up (the API contract)."""
     with transaction.atomic():
         now = now or db_now()
@@ -422,7 +424,7 @@ def resume_schedule(schedule: Schedule, *, actor: str, now: datetime | None = No
             raise StateConflict(f"Only a paused schedule can be resumed; this one is {schedule.state}.")
         schedule.next_run_at = _next_fire_after_change(schedule.time_rule, now)
         schedule.state = ScheduleState.ACTIVE if schedule.next_run_at else ScheduleState.COMPLETED
-        _bump(schedule, VersionChange.RESUME, actor, now)
+        _bump(schedule, VersionChange.RESUME, actor, now, note)
         if schedule.kind == Kind.ONCE and schedule.run_at is not None and schedule.run_at <= now:
             # Fires during a pause are not caught up (API.md), but a one-off's only fire is recorded, never lost.
             dispatch_occurrences.record_missed_fire(
@@ -432,7 +434,7 @@ def resume_schedule(schedule: Schedule, *, actor: str, now: datetime | None = No
     return schedule
 
 
-def cancel_schedule(schedule: Schedule, *, actor: str, now: datetime | None = None) -> CancelResult:
+def cancel_schedule(schedule: Schedule, *, actor: str, note: str = "", now: datetime | None = None) -> CancelResult:
     """Soft cancel: the row and its history stay; unclaimed work is withdrawn; claimed work is reported."""
     with transaction.atomic():
         now = now or db_now()
@@ -441,7 +443,7 @@ def cancel_schedule(schedule: Schedule, *, actor: str, now: datetime | None = No
         if schedule.state not in (ScheduleState.CANCELED, ScheduleState.COMPLETED):
             schedule.state = ScheduleState.CANCELED
             schedule.next_run_at = None
-            _bump(schedule, VersionChange.CANCEL, actor, now)
+            _bump(schedule, VersionChange.CANCEL, actor, now, note)
             logger.info("canceled schedule %s", schedule.id, extra={"action": "cancel_schedule"})
         in_flight = dispatch_occurrences.in_flight_occurrences(schedule.id)
     return CancelResult(schedule=schedule, in_flight=in_flight)

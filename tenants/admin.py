@@ -16,6 +16,7 @@ from django.utils.html import format_html
 from scheduler_project.console import SafeActionSelectionMixin
 from schedules.models import Schedule
 from schedules.services import schedules_held as counted_schedules
+from tenants.admin_token import TenantTokenMixin
 from tenants.models import Domain, Tenant, schema_name_for, validate_slug
 from tenants.services import HOST_PATTERN, QUOTA_FIELDS, quota_minimum
 
@@ -88,7 +89,7 @@ def _is_public(tenant: Tenant | None) -> bool:
 
 
 @admin.register(Tenant)
-class TenantAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
+class TenantAdmin(TenantTokenMixin, SafeActionSelectionMixin, admin.ModelAdmin):
     """Tenants and their quotas.
 
     The recommended way to create a tenant is `manage.py provision_tenant`, which also creates the API user and
@@ -184,6 +185,7 @@ class TenantAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
         return (
             "slug",
             "schema_name",
+            "api_token",
             "schedules_held",
             "running",
             "throttled_fires",
@@ -206,6 +208,8 @@ class TenantAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
             ),
         ]
         if obj is not None:
+            if not obj.is_public:
+                fieldsets.append(("API", {"fields": ("api_token",)}))
             fieldsets.append(("Usage", {"fields": ("running", "throttled_fires", "throttled_claims")}))
             fieldsets.append(("Record", {"fields": ("created_at", "updated_at")}))
         return fieldsets
@@ -230,6 +234,6 @@ class TenantAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
         obj.save(verbosity=0)
         messages.info(
             request,
-            f"Tenant {obj.slug} created with schema {obj.schema_name}. It has no API token yet: run "
-            f"`manage.py provision_tenant {obj.slug} --domain <host>` to create its API user and print the token.",
+            f"Tenant {obj.slug} created with schema {obj.schema_name}. It has no API token yet: create one from its "
+            f"page (API token), or run `manage.py provision_tenant {obj.slug} --domain <host>`.",
         )

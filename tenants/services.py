@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -91,6 +92,53 @@ def provision_tenant(slug: str, *, domain: str, name: str | None = None, **quota
     token = ensure_api_token(tenant)
     logger.info("provisioned tenant %s (created=%s)", slug, created, extra={"action": "provision_tenant"})
     return Provisioned(tenant=tenant, domain=domain, token=token, created=created)
+
+
+@dataclass(frozen=True)
+class ApiToken:
+    """A tenant's API token as read from its own schema."""
+
+    username: str
+    key: str
+    created: datetime
+
+    @property
+    def hint(self) -> str:
+        """Enough to tell two tokens apart, too little to use: the console shows the key itself only once."""
+        return f"{self.key[:4]}…{self.key[-2:]}"
+
+
+def _refuse_public(tenant: Tenant) -> None:
+    if tenant.is_public:
+        raise ValidationError("The platform's public tenant serves the console, not the API: it has no API token.")
+
+
+def api_token(tenant: Tenant, username: str = API_USERNAME) -> ApiToken | None:
+    """The API user's current token, or None when the tenant has none yet (created in the console, say)."""
+    from rest_framework.authtoken.models import Token
+
+    _refuse_public(tenant)
+    with schema_context(tenant.schema_name):
+        token = Token.objects.select_related("user").filter(user__username=username).first()
+        if token is None:
+            return None
+        return ApiToken(username=username, key=token.key, created=token.created)
+
+
+def rotate_api_token(tenant: Tenant, username: str = API_USERNAME) -> ApiToken:
+    """Replace the API user's token with a new one (creating the user if need be); the old key stops working at
+    once. In the tenant's own schema, like every token, so it authenticates nowhere else."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    _refuse_public(tenant)
+    with schema_context(tenant.schema_name), transaction.atomic():
+        user, _ = get_user_model().objects.get_or_create(username=username)
+        Token.objects.filter(user=user).delete()
+        token = Token.objects.create(user=user)
+        rotated = ApiToken(username=username, key=token.key, created=token.created)
+    logger.warning("rotated the API token of tenant %s", tenant.slug, extra={"action": "rotate_api_token"})
+    return rotated
 
 
 def ensure_api_token(tenant: Tenant, username: str = API_USERNAME) -> str:

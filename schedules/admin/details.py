@@ -11,7 +11,8 @@ from dispatch.models import Occurrence
 from schedules.admin.formatting import format_local, format_utc, summarize_definition
 from schedules.clock import db_now
 from schedules.cron_syntax import TimeRuleError
-from schedules.models import Schedule, ScheduleState, ScheduleVersion
+from schedules.dst import dst_notes, upcoming_dst_notes
+from schedules.models import Kind, Schedule, ScheduleState, ScheduleVersion
 from schedules.services import preview_fires
 
 PREVIEW_FIRES = 10
@@ -25,7 +26,7 @@ def schedule_details(schedule: Schedule) -> dict[str, Any]:
     return {
         "preview_now": format_utc(now),
         **_next_fires(schedule, now),
-        "version_rows": _version_rows(schedule),
+        "version_rows": version_rows(schedule),
         "version_limit": VERSION_HISTORY_LIMIT,
         "recent_occurrences": _recent_occurrences(schedule),
         "recent_limit": RECENT_OCCURRENCES,
@@ -44,13 +45,29 @@ def _next_fires(schedule: Schedule, now: datetime) -> dict[str, Any]:
         note = "Paused: these are the fires the rule describes; none happens until the schedule is resumed."
     elif not fires:
         note = "The rule has no fire after now."
+    notes, ahead = [], []
+    if schedule.kind == Kind.CRON:
+        notes = dst_notes(schedule.cron or "", schedule.timezone, after=now, fires=fires)
+        ahead = upcoming_dst_notes(schedule.cron or "", schedule.timezone, after=max(fires) if fires else now)
+    by_fire = {fire: dst.text for dst in notes for fire in dst.fires}
     rows = [
-        {"utc": format_utc(fire), "local": format_local(fire, schedule.timezone, with_offset=True)} for fire in fires
+        {
+            "utc": format_utc(fire),
+            "local": format_local(fire, schedule.timezone, with_offset=True),
+            "note": by_fire.get(fire, ""),
+        }
+        for fire in fires
     ]
-    return {"next_fires": rows, "fires_note": note}
+    return {
+        "next_fires": rows,
+        "fires_note": note,
+        "dst_notes": [dst.text for dst in notes],
+        "dst_ahead": [dst.text for dst in ahead],
+    }
 
 
-def _version_rows(schedule: Schedule) -> list[dict[str, Any]]:
+def version_rows(schedule: Schedule) -> list[dict[str, Any]]:
+    """The newest versions, each with what changed from the one before, who changed it and why (the note)."""
     versions = list(
         ScheduleVersion.objects.filter(schedule_id=schedule.pk).order_by("-version")[: VERSION_HISTORY_LIMIT + 1]
     )
@@ -71,6 +88,7 @@ def _version_rows(schedule: Schedule) -> list[dict[str, Any]]:
                 "valid_from": format_utc(version.valid_from),
                 "valid_to": format_utc(version.valid_to) if version.valid_to else "current",
                 "actor": version.actor,
+                "note": version.note,
                 "summary": summarize_definition(version.definition),
                 "changed": ", ".join(changed),
             }
@@ -93,6 +111,7 @@ def _recent_occurrences(schedule: Schedule) -> list[dict[str, Any]]:
             "enqueued_at": format_utc(occurrence.enqueued_at),
             "finished_at": format_utc(occurrence.finished_at),
             "attempt_count": occurrence.attempt_count,
+            "reason": occurrence.state_reason,
         }
         for occurrence in occurrences
     ]

@@ -1,4 +1,4 @@
-"""The schedule change form: the definition, validated by the same rules as the API."""
+"""The console's schedule forms: the definition (validated by the same rules as the API), notes, backfill ranges."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 from django import forms
+from django.contrib.admin.helpers import ActionForm
 from django.forms.fields import InvalidJSONInput
 
 from dispatch.handlers import registered_names
+from scheduler_project.console import InstantField
 from schedules.errors import ScheduleInvalid
 from schedules.json_input import JSONInputError, loads_strict, storable_json
 from schedules.models import DEFINITION_FIELDS, Kind, Schedule, ScheduleState
@@ -100,8 +102,60 @@ class ScheduleChangeForm(forms.ModelForm):
                 self.add_error(field if field in self.fields else None, field_errors)
         return cleaned
 
+    def _post_clean(self) -> None:
+        """Neither copy the input onto the instance nor run the model's own validation.
+
+        The rules are clean_definition's (above), so the model's field validators and check constraints would only
+        repeat them in other words ("Constraint schedule_kind_has_time is violated."): a second round of errors.
+        And the instance stays the stored row, so the page's summary, next fire and cursor describe what is stored
+        after a rejected edit, not the rejected input. update_schedule writes the change, never this form.
+        """
+
     def definition_changes(self) -> dict[str, Any]:
         return {field: value for field, value in self.definition.items() if value != self.stored[field]}
+
+
+# Long enough for a sentence and a ticket link; the version row keeps it for as long as the schedule exists.
+NOTE_MAX_LENGTH = 500
+
+
+def note_field(max_length: int | None = NOTE_MAX_LENGTH) -> forms.CharField:
+    return forms.CharField(
+        required=False,
+        max_length=max_length,
+        strip=True,
+        help_text="Why (kept on the new version, shown in its history), e.g. 'upstream API down, INC-1234'.",
+        widget=forms.TextInput(attrs={"size": 60, "placeholder": "note (why), kept on the version"}),
+    )
+
+
+class NoteActionForm(ActionForm):
+    """The list's action bar with a note: pause, resume and cancel keep it on each new version.
+
+    No length limit on the field itself: an invalid action form reads as "No action selected", so the action
+    checks the length and says what is wrong (ScheduleAdmin._note)."""
+
+    note = note_field(max_length=None)
+
+
+class OperationForm(forms.Form):
+    """The confirmation of one operation on one schedule (pause, resume, cancel, run now)."""
+
+    note = note_field()
+
+
+class BackfillForm(forms.Form):
+    """A past range of one schedule to create the missing fires of (dispatch.backfill.backfill_schedule)."""
+
+    since = InstantField(label="Since (UTC)", help_text="Inclusive.")
+    until = InstantField(label="Until (UTC)", help_text="Exclusive; not later than now.")
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        since, until = cleaned.get("since"), cleaned.get("until")
+        if since is not None and until is not None and since >= until:
+            self.add_error("until", "Must be later than since.")
+        return cleaned
 
 
 def _choices(names: Iterable[str], current: str | None) -> list[tuple[str, str]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
@@ -13,21 +12,36 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from dispatch.handlers import registered_names
-from scheduler_project.console import EstimatedCountPaginator, SafeActionSelectionMixin, TenantFilter, parse_uuid
-from schedules.admin.details import schedule_details
-from schedules.admin.formatting import describe_schedule, format_local, format_utc
-from schedules.admin.forms import ScheduleChangeForm
-from schedules.errors import ScheduleInvalid, StateConflict
-from schedules.models import Schedule, ScheduleState
-from schedules.services import (
-    CancelResult,
-    cancel_schedule,
-    pause_schedule,
-    resume_schedule,
-    update_schedule,
+from scheduler_project.console import (
+    EstimatedCountPaginator,
+    PageChangeList,
+    SafeActionSelectionMixin,
+    TenantFilter,
+    log_changes,
+    parse_uuid,
 )
+from schedules.admin.details import schedule_details, version_rows
+from schedules.admin.formatting import describe_schedule, format_local, format_utc
+from schedules.admin.forms import NOTE_MAX_LENGTH, NoteActionForm, ScheduleChangeForm
+from schedules.admin.listing import RunStatus, duration_text, run_statuses
+from schedules.admin.operations import (
+    OPERATIONS,
+    Outcome,
+    ScheduleOperationsMixin,
+    log_text,
+    occurrences_url,
+    operator_actor,
+    perform,
+)
+from schedules.clock import db_now
+from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
+from schedules.models import Schedule, ScheduleState
+from schedules.services import update_schedule
 
 # Named after the package, as before it was split into modules, so log lines keep their logger name.
 logger = logging.getLogger("schedules.admin")
@@ -38,9 +52,7 @@ MAX_BULK_ACTION_SCHEDULES = 1000
 # Names quoted per skip reason in a message; the rest are counted.
 MAX_NAMES_IN_MESSAGE = 5
 
-
-def operator_actor(request: HttpRequest) -> str:
-    return f"operator:{request.user.get_username()}"
+__all__ = ["MAX_BULK_ACTION_SCHEDULES", "ScheduleAdmin", "operator_actor"]
 
 
 # --- filters --------------------------------------------------------------------------------------------
@@ -63,7 +75,7 @@ class HandlerFilter(admin.SimpleListFilter):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
+class ScheduleAdmin(ScheduleOperationsMixin, SafeActionSelectionMixin, admin.ModelAdmin):
     """Schedules of every tenant, for operators.
 
     Adding is disabled: a schedule is tenant data, created by the tenant through the API, where the quota is
@@ -74,13 +86,14 @@ class ScheduleAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
     """
 
     form = ScheduleChangeForm
+    action_form = NoteActionForm
     list_display = (
         "tenant",
         "name",
         "schedule_text",
-        "state",
-        "next_run_local",
-        "next_run_utc",
+        "state_text",
+        "last_run",
+        "next_fire",
         "version",
         "handler",
         "lane",
@@ -94,15 +107,16 @@ class ScheduleAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
     show_full_result_count = False
     # Facet counts would COUNT(*) every filter choice over 20 M rows on each page view.
     show_facets = admin.ShowFacets.NEVER
-    actions = ("pause_schedules", "resume_schedules", "cancel_schedules")
+    actions = ("trigger_schedules", "pause_schedules", "resume_schedules", "cancel_schedules")
     readonly_fields = (
         "id",
         "tenant",
-        "state",
+        "state_text",
         "version",
         "schedule_text",
-        "next_run_local",
-        "next_run_utc",
+        "next_fire",
+        "cursor",
+        "last_run",
         "shard",
         "created_by",
         "created",
@@ -110,6 +124,11 @@ class ScheduleAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
         "idempotency_key",
     )
     change_form_template = "admin/schedules/schedule/change_form.html"
+    object_history_template = "admin/schedules/schedule/object_history.html"
+
+    class Media:
+        css = {"all": ("schedules/css/console.css",)}
+        js = ("schedules/js/preview.js",)
 
     # -- permissions --
 
@@ -131,6 +150,22 @@ class ScheduleAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
         # Payloads may be 64 KiB each and no list column shows them; the change form loads it on demand.
         return super().get_queryset(request).defer("payload", "request_fingerprint")
 
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type:
+        return PageChangeList
+
+    def annotate_page(self, request: HttpRequest, schedules: list[Schedule]) -> None:
+        """Last run, next fire and cursor lag of the page's rows: one query, on the database clock."""
+        statuses = run_statuses(schedules, db_now())
+        for schedule in schedules:
+            schedule.run_status = statuses[schedule.pk]  # type: ignore[attr-defined]
+
+    def _status(self, schedule: Schedule) -> RunStatus:
+        status = getattr(schedule, "run_status", None)
+        if status is None:  # the change page: one schedule, not a page of them
+            status = run_statuses([schedule], db_now())[schedule.pk]
+            schedule.run_status = status  # type: ignore[attr-defined]
+        return status
+
     def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str):
         """A UUID is looked up by primary key alone, so pasting an id never scans the table for names."""
         wanted = parse_uuid(search_term)
@@ -142,13 +177,74 @@ class ScheduleAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
     def schedule_text(self, schedule: Schedule) -> str:
         return describe_schedule(schedule)
 
-    @admin.display(description="next run (local)", ordering="next_run_at")
-    def next_run_local(self, schedule: Schedule) -> str:
-        return format_local(schedule.next_run_at, schedule.timezone)
+    @admin.display(description="state", ordering="state")
+    def state_text(self, schedule: Schedule) -> str:
+        status = self._status(schedule)
+        return format_html(
+            '<span class="sched-state sched-state-{}">{}</span>',
+            status.state_key(schedule),
+            status.state_text(schedule),
+        )
 
-    @admin.display(description="next run (UTC)", ordering="next_run_at")
-    def next_run_utc(self, schedule: Schedule) -> str:
-        return format_utc(schedule.next_run_at)
+    @admin.display(description="last run")
+    def last_run(self, schedule: Schedule) -> SafeString | str:
+        run = self._status(schedule).last_run
+        if run is None:
+            return "—"
+        url = reverse("admin:dispatch_occurrence_change", args=[run.occurrence_id])
+        return format_html(
+            '<a href="{}" title="{}">{}</a> <span class="sched-state sched-state-{}">{}</span>{}',
+            url,
+            run.reason,
+            format_utc(run.scheduled_for),
+            run.state,
+            run.state,
+            " (manual)" if run.manual else "",
+        )
+
+    @admin.display(description="next fire", ordering="next_run_at")
+    def next_fire(self, schedule: Schedule) -> SafeString | str:
+        """From the time rules after now; a warning when the cursor trails now (fires due, not materialized)."""
+        status = self._status(schedule)
+        warning = ""
+        if status.cursor_behind is not None:
+            warning = format_html(
+                '<br><span class="cursor-behind" title="{}">&#9888; cursor {} behind</span>',
+                f"The materializer's cursor is at {format_utc(schedule.next_run_at)}: fires already due have not "
+                "been materialized. Is the materializer running?",
+                duration_text(status.cursor_behind),
+            )
+        if status.rule_error:
+            return format_html("the rule cannot be evaluated: {}{}", status.rule_error, warning)
+        if status.next_fire is None:
+            if schedule.state == ScheduleState.ACTIVE:
+                return format_html("no fire after now{}", warning)
+            return f"— ({schedule.get_state_display().lower()})"
+        if schedule.timezone == "UTC":
+            return format_html("{}{}", format_utc(status.next_fire), warning)
+        return format_html(
+            "{}<br><small>{}</small>{}",
+            format_local(status.next_fire, schedule.timezone),
+            format_utc(status.next_fire),
+            warning,
+        )
+
+    @admin.display(description="materializer cursor")
+    def cursor(self, schedule: Schedule) -> str:
+        if schedule.next_run_at is None:
+            return "— (nothing to materialize)"
+        behind = self._status(schedule).cursor_behind
+        if behind is not None:
+            return format_html(
+                '{}: <span class="cursor-behind">&#9888; {} behind now</span>. Fires already due have not been '
+                "materialized: is the materializer running?",
+                format_utc(schedule.next_run_at),
+                duration_text(behind),
+            )
+        return (
+            f"{format_utc(schedule.next_run_at)}: the next fire not yet materialized. It runs up to the horizon "
+            "ahead of the next fire; it trails now only when the materializer is behind."
+        )
 
     @admin.display(description="created at")
     def created(self, schedule: Schedule) -> str:
@@ -176,10 +272,12 @@ class ScheduleAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
                     "fields": (
                         "id",
                         "tenant",
-                        "state",
+                        "state_text",
                         "version",
                         "schedule_text",
-                        ("next_run_local", "next_run_utc"),
+                        "next_fire",
+                        "last_run",
+                        "cursor",
                         "shard",
                     )
                 },
@@ -218,19 +316,24 @@ class ScheduleAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
             raise PermissionDenied("Schedules are created by tenants through the API.")
         changes = form.definition_changes()
         if not changes:
-            messages.info(request, f"No definition change: {obj.name} stays at version {obj.version}.")
+            request._schedule_message = (  # type: ignore[attr-defined]  # read by response_change
+                messages.INFO,
+                f"No definition change: {obj.name} stays at version {obj.version}.",
+            )
             return
         try:
             updated = update_schedule(obj, changes, actor=operator_actor(request))
-        except (StateConflict, ScheduleInvalid) as exc:
-            # Lost a race with a cancel or another update after the form was validated.
+        except (StateConflict, ScheduleInvalid, QuotaExceeded) as exc:
+            # Lost a race with a cancel or another update after the form was validated, or a completed one-off
+            # given a new run_at would exceed the tenant's schedule quota.
             request._schedule_save_failed = True  # type: ignore[attr-defined]  # read by response_change
             messages.error(request, f"Not saved: {getattr(exc, 'message', None) or exc}")
             return
         for field in Schedule._meta.concrete_fields:
             setattr(obj, field.attname, getattr(updated, field.attname))
-        messages.info(
-            request, f"Saved as version {updated.version} ({', '.join(sorted(changes))} changed) by the service."
+        request._schedule_message = (  # type: ignore[attr-defined]
+            messages.SUCCESS,
+            f"{obj.name} saved as version {updated.version} ({', '.join(sorted(changes))} changed) by the service.",
         )
 
     def log_change(self, request: HttpRequest, obj: Schedule, message: Any):
@@ -239,30 +342,78 @@ class ScheduleAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
         return super().log_change(request, obj, message)
 
     def response_change(self, request: HttpRequest, obj: Schedule) -> HttpResponse:
+        """One message per save: what the service did, instead of Django's generic "changed successfully"."""
         if getattr(request, "_schedule_save_failed", False):
             return HttpResponseRedirect(request.path)
-        return super().response_change(request, obj)
+        message = getattr(request, "_schedule_message", None)
+        if message is None:
+            return super().response_change(request, obj)
+        messages.add_message(request, *message)
+        if "_continue" in request.POST:
+            return HttpResponseRedirect(request.path)
+        return self.response_post_save_change(request, obj)
 
     def render_change_form(self, request: HttpRequest, context: dict, add=False, change=False, form_url="", obj=None):
         if obj is not None:
-            # Read the stored row: on a rejected POST `obj` carries the operator's unsaved input.
+            # Read the stored row: the form never copies its input onto `obj`, but a save may have changed it.
             stored = Schedule.objects.defer("payload").select_related("tenant").get(pk=obj.pk)
             context.update(schedule_details(stored))
+            context.update(
+                operations=self._operation_links(request, stored),
+                occurrences_url=occurrences_url(stored),
+                preview_url=reverse("admin:schedules_schedule_preview"),
+            )
         return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def _operation_links(self, request: HttpRequest, schedule: Schedule) -> list[dict[str, str]]:
+        if not self.has_change_permission(request, schedule):
+            return []
+        verbs = ["trigger"]
+        if schedule.state == ScheduleState.ACTIVE:
+            verbs.append("pause")
+        if schedule.state == ScheduleState.PAUSED:
+            verbs.append("resume")
+        links = [
+            {
+                "url": reverse("admin:schedules_schedule_operate", args=[schedule.pk, verb]),
+                "label": OPERATIONS[verb].button,
+            }
+            for verb in verbs
+        ]
+        links.append({"url": reverse("admin:schedules_schedule_backfill", args=[schedule.pk]), "label": "Backfill"})
+        if schedule.state != ScheduleState.COMPLETED:
+            cancel = reverse("admin:schedules_schedule_operate", args=[schedule.pk, "cancel"])
+            links.append({"url": cancel, "label": OPERATIONS["cancel"].button})
+        return links
+
+    def history_view(self, request: HttpRequest, object_id: str, extra_context: dict | None = None):
+        """Django's history (LogEntry: console changes and bulk actions) with the versions every service wrote."""
+        schedule = self.get_object(request, object_id)
+        context = {**(extra_context or {})}
+        if schedule is not None:
+            context["version_rows"] = version_rows(schedule)
+        return super().history_view(request, object_id, context)
 
     # -- bulk actions --
 
-    @admin.action(description="Pause selected schedules", permissions=["change"])
+    @admin.action(description="Run selected schedules now (manual fire)", permissions=["change"])
+    def trigger_schedules(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._apply(request, queryset, "trigger")
+
+    @admin.action(description="Pause selected schedules (with the note)", permissions=["change"])
     def pause_schedules(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._apply(request, queryset, pause_schedule, "paused", ScheduleState.PAUSED)
+        self._apply(request, queryset, "pause")
 
     @admin.action(description="Resume selected schedules", permissions=["change"])
     def resume_schedules(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._apply(request, queryset, resume_schedule, "resumed", ScheduleState.ACTIVE)
+        self._apply(request, queryset, "resume")
 
     @admin.action(description="Cancel selected schedules (final)", permissions=["change"])
     def cancel_schedules(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         """Cancel cannot be undone, so it asks for confirmation first, like Django's own delete action."""
+        note = self._note(request)
+        if note is None:
+            return None
         selected = self._selection(request, queryset)
         if selected is None:
             return None
@@ -272,11 +423,20 @@ class ScheduleAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
                 "title": "Cancel schedules?",
                 "opts": self.model._meta,
                 "schedules": selected,
+                "note": note,
                 "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             }
             return TemplateResponse(request, "admin/schedules/schedule/cancel_confirmation.html", context)
-        self._apply(request, selected, cancel_schedule, "canceled", ScheduleState.CANCELED)
+        self._apply(request, selected, "cancel")
         return None
+
+    def _note(self, request: HttpRequest) -> str | None:
+        """The action bar's note; None (with a message) when it is too long to keep."""
+        note = request.POST.get("note", "").strip()
+        if len(note) > NOTE_MAX_LENGTH:
+            messages.error(request, f"Nothing done: the note has {len(note)} characters, at most {NOTE_MAX_LENGTH}.")
+            return None
+        return note
 
     def _selection(self, request: HttpRequest, queryset: QuerySet) -> list[Schedule] | None:
         selected = list(
@@ -291,48 +451,45 @@ class ScheduleAdmin(SafeActionSelectionMixin, admin.ModelAdmin):
             return None
         return selected
 
-    def _apply(
-        self,
-        request: HttpRequest,
-        queryset: QuerySet | list[Schedule],
-        verb: Callable[..., Schedule | CancelResult],
-        past_tense: str,
-        target_state: str,
-    ) -> None:
-        """Run the service verb on each schedule in its own transaction; report what was done and skipped."""
+    def _apply(self, request: HttpRequest, queryset: QuerySet | list[Schedule], verb: str) -> None:
+        """Run the service verb on each schedule in its own transaction; report what was done and skipped, and log
+        each change (Recent actions, the schedule's history)."""
+        note = self._note(request)
+        if note is None:
+            return
         selected = queryset if isinstance(queryset, list) else self._selection(request, queryset)
         if selected is None:
             return
         actor = operator_actor(request)
-        done = 0
-        in_flight = 0
+        operation = OPERATIONS[verb]
+        done: list[Outcome] = []
         skipped: dict[str, list[str]] = defaultdict(list)
         for schedule in selected:
-            try:
-                result = verb(schedule, actor=actor)
-            except StateConflict as exc:
-                skipped[exc.message].append(schedule.name)
-                continue
-            if isinstance(result, CancelResult):
-                in_flight += len(result.in_flight)
-                result = result.schedule
-            # The verbs are idempotent: an unchanged version means the schedule was already there.
-            if result.version == schedule.version:
-                skipped[f"already {target_state}"].append(schedule.name)
+            outcome = perform(verb, schedule, actor=actor, note=note if operation.takes_note else "")
+            if outcome.done:
+                done.append(outcome)
             else:
-                done += 1
+                skipped[outcome.skipped].append(schedule.name)
+        log_changes(
+            request,
+            [
+                (outcome.schedule, log_text(verb, outcome, note if operation.takes_note else "", bulk=True))
+                for outcome in done
+            ],
+        )
         logger.info(
             "%s %s %d schedules from the console, skipped %d",
             actor,
-            past_tense,
-            done,
+            operation.past,
+            len(done),
             sum(len(names) for names in skipped.values()),
-            extra={"action": f"console_{past_tense}"},
+            extra={"action": f"console_{operation.past}"},
         )
         if done or not skipped:
-            messages.success(request, f"{past_tense.capitalize()} {done} {_schedules(done)}.")
+            messages.success(request, f"{operation.past.capitalize()} {len(done)} {_schedules(len(done))}.")
         for reason, names in skipped.items():
             messages.warning(request, f"Skipped {len(names)} {_schedules(len(names))} ({reason}): {_names(names)}.")
+        in_flight = sum(outcome.in_flight for outcome in done)
         if in_flight:
             messages.warning(
                 request,

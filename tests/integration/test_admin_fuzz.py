@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth import get_user_model
@@ -23,6 +25,9 @@ FILTER_KEYS = (
     "queue",
     "kind__exact",
     "manual__exact",
+    "schedule",
+    "scheduled_after",
+    "scheduled_before",
     "q",
     "o",
     "p",
@@ -60,6 +65,10 @@ def schedule(tenant_a) -> Schedule:
         {"q": "\x00"},
         {"p": "-1"},
         {"o": "abc"},
+        {"scheduled_after": "not a time"},
+        {"scheduled_after": "now-999999d"},
+        {"scheduled_before": "0001-01-01T00:00:00+05:00"},
+        {"schedule": "not-a-uuid"},
     ],
 )
 def test_a_bad_filter_value_is_refused_or_ignored_never_a_500(console, path, query):
@@ -140,3 +149,81 @@ def test_a_payload_the_api_refuses_is_a_form_error_in_the_console_too(console, s
 )
 def test_no_filter_value_on_any_list_is_a_500(console, key, value, path):
     assert console.get(path, {key: value}).status_code < 500, (path, key, value)
+
+
+# --- the console's own views: preview, operations, backfill, replay, token ------------------------------------------
+
+PREVIEW_URL = "/admin/schedules/schedule/preview/"
+PREVIEW_KEYS = ("kind", "cron", "run_at", "timezone", "after", "count", "lane", "misfire_policy", "priority", "name")
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.dictionaries(st.sampled_from(PREVIEW_KEYS), JSON_VALUES | st.sampled_from(["* * * * *", "cron", "once"]))
+)
+def test_no_preview_body_is_a_500(console, body):
+    response = console.post(PREVIEW_URL, json.dumps(body), content_type="application/json")
+    assert response.status_code in (200, 400), (body, response.content[:300])
+    assert response["Content-Type"].startswith("application/json")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"\x00", b"{", b'{"kind": "cron", "cron": "\\u0000"}', b'{"kind": "cron", "cron": "\\ud800"}', b"[" * 5000],
+)
+def test_a_malformed_preview_body_is_a_400(console, raw):
+    response = console.post(PREVIEW_URL, raw, content_type="application/json")
+    assert response.status_code == 400, response.content[:300]
+
+
+@pytest.mark.parametrize("bad_id", ["not-a-uuid", "00000000-0000-0000-0000-000000000000", "1' OR '1'='1", "%00"])
+@pytest.mark.parametrize(
+    "suffix",
+    ["operate/pause/", "operate/trigger/", "operate/explode/", "backfill/"],
+)
+def test_a_schedule_operation_on_a_bad_id_is_refused_never_a_500(console, bad_id, suffix):
+    for method in (console.get, console.post):
+        assert method(f"/admin/schedules/schedule/{bad_id}/{suffix}").status_code < 500
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/admin/dispatch/occurrence/{bad}/replay/",
+        "/admin/dispatch/occurrence/{bad}/change/",
+        "/admin/dispatch/attempt/{bad}/change/",
+        "/admin/tenants/tenant/{bad}/token/",
+    ],
+)
+@pytest.mark.parametrize("bad", ["not-an-id", "99999999999999999999999", "00000000-0000-0000-0000-000000000000"])
+def test_a_dispatch_or_tenant_view_on_a_bad_id_is_refused_never_a_500(console, tenants, path, bad):
+    for method in (console.get, console.post):
+        assert method(path.format(bad=bad)).status_code < 500
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    since=st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=40)
+    | st.sampled_from(["2026-01-01", "0001-01-01T00:00:00+14:00", "9999-12-31 23:59", "now-1h", "2026-02-30 00:00"]),
+    until=st.sampled_from(["", "2026-01-02 00:00", "9999-12-31T23:59:59-14:00", "x"]),
+)
+def test_no_backfill_form_input_is_a_500(console, schedule, since, until):
+    response = console.post(f"/admin/schedules/schedule/{schedule.pk}/backfill/", {"since": since, "until": until})
+    assert response.status_code in (200, 302), (since, until)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(note=st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=600))
+def test_no_note_is_a_500(console, schedule, note):
+    response = console.post(f"/admin/schedules/schedule/{schedule.pk}/operate/resume/", {"note": note})
+    assert response.status_code in (200, 302)
+    response = console.post(
+        "/admin/schedules/schedule/",
+        {"action": "resume_schedules", ACTION_CHECKBOX_NAME: [str(schedule.pk)], "note": note},
+    )
+    assert response.status_code in (200, 302)

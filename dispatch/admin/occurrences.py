@@ -1,0 +1,410 @@
+"""Occurrences in the console: newest first within a range, lateness and duration, a timeline of each, replay."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
+
+from dispatch.admin.common import ReadOnlyAdminMixin, precise_utc
+from dispatch.admin.filters import LaneFilter, ScheduledRangeFilter, ScheduleIdFilter
+from dispatch.errors import ReplayRefused
+from dispatch.models import Attempt, Occurrence, OccurrenceState
+from dispatch.occurrences import replay_one
+from dispatch.timeline import occurrence_ids_in, occurrence_timeline, seconds_text, verdict
+from scheduler_project.console import (
+    EstimatedCountPaginator,
+    PageChangeList,
+    TenantFilter,
+    log_changes,
+    parse_uuid,
+)
+from schedules.clock import db_now
+from schedules.cron_syntax import TimeRuleError
+from schedules.models import ScheduleVersion
+from schedules.timerules import local_time
+
+
+class AttemptInline(ReadOnlyAdminMixin, admin.TabularInline):
+    model = Attempt
+    extra = 0
+    can_delete = False
+    fields = (
+        "attempt_link",
+        "worker",
+        "started",
+        "heartbeat",
+        "lease_expires",
+        "finished",
+        "duration",
+        "outcome",
+        "error_class",
+        "error",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="attempt")
+    def attempt_link(self, attempt: Attempt) -> str:
+        url = reverse("admin:dispatch_attempt_change", args=[attempt.pk])
+        return format_html('<a href="{}">#{}</a>', url, attempt.generation)
+
+    @admin.display(description="started at")
+    def started(self, attempt: Attempt) -> str:
+        return precise_utc(attempt.started_at)
+
+    @admin.display(description="heartbeat at")
+    def heartbeat(self, attempt: Attempt) -> str:
+        return precise_utc(attempt.heartbeat_at)
+
+    @admin.display(description="lease expires at")
+    def lease_expires(self, attempt: Attempt) -> str:
+        return precise_utc(attempt.lease_expires_at)
+
+    @admin.display(description="finished at")
+    def finished(self, attempt: Attempt) -> str:
+        return precise_utc(attempt.finished_at)
+
+    @admin.display(description="duration")
+    def duration(self, attempt: Attempt) -> str:
+        if attempt.finished_at is None:
+            return "—"
+        return seconds_text(attempt.finished_at - attempt.started_at).lstrip("+")
+
+
+@dataclass(frozen=True)
+class AttemptSpan:
+    """What the list needs of an occurrence's attempts: when the first started, when the last ran."""
+
+    first_started: datetime
+    last_started: datetime
+    last_finished: datetime | None
+
+
+# Replays per bulk action: each is a locked transaction of its own (dispatch.occurrences.replay_one).
+MAX_BULK_REPLAY = 1000
+
+
+@admin.register(Occurrence)
+class OccurrenceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Occurrences, newest first, each with its timeline; dead ones can be replayed (dispatch.occurrences).
+
+    The table takes ~200 M rows a day, partitioned by day on scheduled_for, with no b-tree on scheduled_for alone.
+    The list is always bounded in time (ScheduledRangeFilter: the last hour unless told otherwise), so the
+    newest-first sort reads the rows of that range only (pruned to its day partitions, found through the BRIN); one
+    schedule's occurrences come newest first from its (schedule_id, scheduled_for DESC) index over any range.
+    Lateness and duration come from the page's attempts, read in one query per page (PageChangeList).
+    """
+
+    list_display = (
+        "short_id",
+        "tenant",
+        "schedule_link",
+        "schedule_version",
+        "scheduled_for_text",
+        "state_text",
+        "lateness",
+        "duration",
+        "attempt_count",
+        "lane",
+    )
+    list_filter = (ScheduledRangeFilter, ScheduleIdFilter, "state", LaneFilter, TenantFilter, "manual")
+    list_display_links = ("short_id",)
+    list_select_related = ("tenant", "schedule")
+    search_fields = ("occurrence_id", "schedule__id")
+    search_help_text = "An occurrence id or a schedule id (exact UUID)."
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    # Facet counts would COUNT(*) every filter choice over the whole table on each page view.
+    show_facets = admin.ShowFacets.NEVER
+    # Any other sort key would sort the whole range; scheduled_for is the partition key the range prunes.
+    sortable_by = ("scheduled_for_text",)
+    ordering = ("-scheduled_for",)
+    actions = ("replay_dead",)
+    inlines = (AttemptInline,)
+    change_form_template = "admin/dispatch/occurrence/change_form.html"
+    fields = (
+        "occurrence_id",
+        "tenant",
+        "schedule_link",
+        "schedule_version",
+        "origin",
+        "scheduled_for_text",
+        "available_at_utc",
+        "lane",
+        "priority",
+        "state",
+        "state_reason",
+        "attempt_count",
+        "lease_expires_at_utc",
+        "enqueued_at_utc",
+        "finished_at_utc",
+        "created_at_utc",
+    )
+    readonly_fields = fields
+
+    class Media:
+        css = {"all": ("schedules/css/console.css",)}
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type:
+        return PageChangeList
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        # Payloads may be 64 KiB each; the list shows only the schedule's name.
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("tenant", "schedule")
+            .defer("schedule__payload", "schedule__request_fingerprint")
+        )
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str):
+        """Only exact ids: a substring search over hundreds of millions of UUIDs would scan the table."""
+        if not search_term.strip():
+            return queryset, False
+        wanted = parse_uuid(search_term)
+        if wanted is None:
+            return queryset.none(), False
+        return queryset.filter(Q(occurrence_id=wanted) | Q(schedule_id=wanted)), False
+
+    def annotate_page(self, request: HttpRequest | None, occurrences: list[Occurrence]) -> None:
+        """The attempts of the page's occurrences in one query; scheduled_for prunes the attempt partitions."""
+        spans: dict[Any, AttemptSpan] = {}
+        if occurrences:
+            rows = (
+                Attempt.objects.filter(
+                    occurrence_id__in=[o.occurrence_id for o in occurrences],
+                    scheduled_for__in={o.scheduled_for for o in occurrences},
+                )
+                .order_by("occurrence_id", "generation")
+                .values_list("occurrence_id", "started_at", "finished_at")
+            )
+            for occurrence_id, started_at, finished_at in rows:
+                first = spans.get(occurrence_id)
+                spans[occurrence_id] = AttemptSpan(
+                    first_started=first.first_started if first else started_at,
+                    last_started=started_at,
+                    last_finished=finished_at,
+                )
+        for occurrence in occurrences:
+            occurrence.attempt_span = spans.get(occurrence.occurrence_id)  # type: ignore[attr-defined]
+
+    @admin.display(description="occurrence")
+    def short_id(self, occurrence: Occurrence) -> str:
+        """The id's first block (the page and the search take the whole id); the full id on hover."""
+        return format_html('<code title="{}">{}&hellip;</code>', occurrence.occurrence_id, str(occurrence.pk)[:8])
+
+    @admin.display(description="schedule", ordering="schedule__name")
+    def schedule_link(self, occurrence: Occurrence) -> str:
+        url = reverse("admin:schedules_schedule_change", args=[occurrence.schedule_id])
+        return format_html('<a href="{}">{}</a>', url, occurrence.schedule.name)
+
+    @admin.display(description="scheduled for", ordering="scheduled_for")
+    def scheduled_for_text(self, occurrence: Occurrence) -> str:
+        """UTC to the millisecond, and the schedule's wall clock, with the zone's abbreviation."""
+        if occurrence.schedule.timezone == "UTC":
+            return precise_utc(occurrence.scheduled_for)
+        try:
+            local = local_time(occurrence.scheduled_for, occurrence.schedule.timezone)
+        except (TimeRuleError, ValueError):
+            return precise_utc(occurrence.scheduled_for)
+        return format_html(
+            "{}<br><small>{} {} ({})</small>",
+            precise_utc(occurrence.scheduled_for),
+            local.strftime("%Y-%m-%d %H:%M:%S"),
+            local.tzname(),
+            occurrence.schedule.timezone,
+        )
+
+    @admin.display(description="state")
+    def state_text(self, occurrence: Occurrence) -> str:
+        reason = occurrence.state_reason
+        shown = reason if len(reason) <= 90 else reason[:87] + "..."
+        return format_html(
+            '<span class="sched-state sched-state-{}">{}</span>{}{}',
+            occurrence.state,
+            occurrence.state,
+            format_html('<br><small title="{}">{}</small>', reason, shown) if reason else "",
+            format_html("<br><small>{}</small>", "throttled") if occurrence.throttled else "",
+        )
+
+    @admin.display(description="late by")
+    def lateness(self, occurrence: Occurrence) -> str:
+        """enqueued_at - scheduled_for and first start - scheduled_for: where a late fire lost its time."""
+        parts = []
+        if occurrence.enqueued_at is not None:
+            parts.append(f"enqueued {seconds_text(occurrence.enqueued_at - occurrence.scheduled_for)}")
+        span = self._span(occurrence)
+        if span is not None:
+            parts.append(f"started {seconds_text(span.first_started - occurrence.scheduled_for)}")
+        return format_html_join(mark_safe("<br>"), "{}", ((part,) for part in parts)) if parts else "—"
+
+    @admin.display(description="duration")
+    def duration(self, occurrence: Occurrence) -> str:
+        """The last attempt's run time; an unfinished one says so."""
+        span = self._span(occurrence)
+        if span is None:
+            return "—"
+        if span.last_finished is None:
+            return "running" if occurrence.state == OccurrenceState.RUNNING else "unfinished"
+        return seconds_text(span.last_finished - span.last_started).lstrip("+")
+
+    def _span(self, occurrence: Occurrence) -> AttemptSpan | None:
+        if not hasattr(occurrence, "attempt_span"):  # outside a list page
+            self.annotate_page(None, [occurrence])
+        return occurrence.attempt_span  # type: ignore[attr-defined]
+
+    @admin.display(description="origin")
+    def origin(self, occurrence: Occurrence) -> str:
+        flags = [
+            "manual trigger" if occurrence.manual else "",
+            "forced (backfill, replay or manual: runs even after a schedule change)" if occurrence.forced else "",
+            "kept through a schedule change" if occurrence.kept else "",
+            "throttled (waited for max_fires_per_second)" if occurrence.throttled else "",
+        ]
+        return "; ".join(flag for flag in flags if flag) or "the schedule's rhythm"
+
+    @admin.display(description="available at")
+    def available_at_utc(self, occurrence: Occurrence) -> str:
+        return precise_utc(occurrence.available_at)
+
+    @admin.display(description="lease expires at")
+    def lease_expires_at_utc(self, occurrence: Occurrence) -> str:
+        return precise_utc(occurrence.lease_expires_at)
+
+    @admin.display(description="enqueued at")
+    def enqueued_at_utc(self, occurrence: Occurrence) -> str:
+        return precise_utc(occurrence.enqueued_at)
+
+    @admin.display(description="finished at")
+    def finished_at_utc(self, occurrence: Occurrence) -> str:
+        return precise_utc(occurrence.finished_at)
+
+    @admin.display(description="created at")
+    def created_at_utc(self, occurrence: Occurrence) -> str:
+        return precise_utc(occurrence.created_at)
+
+    # -- the timeline --
+
+    def render_change_form(self, request: HttpRequest, context: dict, add=False, change=False, form_url="", obj=None):
+        if obj is not None:
+            context.update(timeline_context(obj, highlight=None))
+            context["can_replay"] = obj.state == OccurrenceState.DEAD and self.has_replay_permission(request)
+            context["replay_url"] = reverse("admin:dispatch_occurrence_replay", args=[obj.pk])
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    # -- replay from the DLQ --
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        # The model admin is read-only (no change permission by design); replay is the one operator transition.
+        return request.user.has_perm("dispatch.change_occurrence")
+
+    def get_urls(self) -> list:
+        wrap = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/replay/", wrap(self.replay_view), name="dispatch_occurrence_replay"),
+            *super().get_urls(),
+        ]
+
+    def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """GET: what a replay does; POST: dispatch.occurrences.replay_one (same id, forced, released now)."""
+        occurrence = self.get_object(request, object_id)
+        if occurrence is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)  # type: ignore[attr-defined]
+        if not self.has_replay_permission(request):
+            raise PermissionDenied
+        change_url = reverse("admin:dispatch_occurrence_change", args=[occurrence.pk])
+        if request.method == "POST":
+            try:
+                replay_one(occurrence.occurrence_id)
+            except ReplayRefused as exc:
+                messages.error(request, f"Not replayed: {exc}")
+            else:
+                log_changes(request, [(occurrence, "Replayed from the dead-letter queue (same occurrence id).")])
+                messages.success(
+                    request, f"Occurrence {occurrence.pk} replayed: it is scheduled again, under the same id."
+                )
+            return HttpResponseRedirect(change_url)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "original": occurrence,
+            "title": f"Replay occurrence {occurrence.pk}?",
+            "change_url": change_url,
+        }
+        return TemplateResponse(request, "admin/dispatch/occurrence/replay_confirmation.html", context)
+
+    @admin.action(description="Replay selected dead occurrences (same ids)", permissions=["replay"])
+    def replay_dead(self, request: HttpRequest, queryset: QuerySet) -> None:
+        selected = list(queryset.order_by()[: MAX_BULK_REPLAY + 1])
+        if len(selected) > MAX_BULK_REPLAY:
+            messages.error(request, f"Nothing done: at most {MAX_BULK_REPLAY} occurrences per replay; narrow the list.")
+            return
+        replayed, refused = [], []
+        for occurrence in selected:
+            try:
+                replay_one(occurrence.occurrence_id)
+            except ReplayRefused as exc:
+                refused.append(str(exc))
+            else:
+                replayed.append(occurrence)
+        log_changes(request, [(o, "Replayed from the dead-letter queue by a bulk action (same id).") for o in replayed])
+        if replayed or not refused:
+            messages.success(request, f"Replayed {len(replayed)} dead occurrence(s) under their own ids.")
+        if refused:
+            shown = " ".join(refused[:5]) + (f" And {len(refused) - 5} more." if len(refused) > 5 else "")
+            messages.warning(request, f"Not replayed: {len(refused)}. {shown}")
+
+
+def timeline_context(occurrence: Occurrence, *, highlight: int | None) -> dict[str, Any]:
+    """The why box and the timeline of one occurrence, for its page and for its attempts' pages."""
+    attempts = list(
+        Attempt.objects.filter(occurrence_id=occurrence.occurrence_id, scheduled_for=occurrence.scheduled_for).order_by(
+            "generation"
+        )
+    )
+    definition = (
+        ScheduleVersion.objects.filter(schedule_id=occurrence.schedule_id, version=occurrence.schedule_version)
+        .values_list("definition", flat=True)
+        .first()
+    )
+    now = db_now()
+    judged = verdict(occurrence, attempts, definition=definition, now=now)
+    events = occurrence_timeline(occurrence, attempts, definition=definition, now=now)
+    attempt_urls = {
+        attempt.generation: reverse("admin:dispatch_attempt_change", args=[attempt.pk]) for attempt in attempts
+    }
+    return {
+        "verdict": judged,
+        "verdict_links": _occurrence_links(judged.headline),
+        "timeline": [
+            {
+                "at": precise_utc(event.at) if event.at else "—",
+                "label": event.label,
+                "detail": event.detail,
+                "tone": event.tone,
+                "attempt_url": attempt_urls.get(event.attempt) if event.attempt else None,
+                "highlight": highlight is not None and event.attempt == highlight,
+            }
+            for event in events
+        ],
+        "version_rule": definition,
+        "schedule_occurrences_url": reverse("admin:dispatch_occurrence_changelist")
+        + f"?schedule={occurrence.schedule_id}",
+    }
+
+
+def _occurrence_links(text: str) -> list[dict[str, str]]:
+    """Occurrences a reason names (the one an overlap skip waited for), as links."""
+    return [
+        {"id": found, "url": reverse("admin:dispatch_occurrence_change", args=[found])}
+        for found in occurrence_ids_in(text)
+    ]

@@ -1,0 +1,262 @@
+"""An occurrence's history in words, from the rows that exist: when it was due, released, published, tried and
+finished, and why it ended as it did ("why didn't 09:00 run?").
+
+Nothing here is stored: the occurrence row (its instants, flags and state_reason), its attempts and the schedule
+version it belongs to say all of it. Pure functions of those rows and `now`, so the console, a command or a test
+read the same story.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dispatch.models import Attempt, Occurrence, OccurrenceState
+
+__all__ = ["Event", "Verdict", "occurrence_timeline", "seconds_text", "verdict"]
+
+# Released this long after its fire time by a path other than flexible spread or catch-up pacing: an operator's
+# backfill (written long after the fact) rather than an ordinary fire.
+BACKFILL_GAP = timedelta(minutes=1)
+UUID_PATTERN = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of the timeline. `tone` is "", "ok", "warn" or "error"; `attempt` the generation it is about."""
+
+    at: datetime | None
+    label: str
+    detail: str = ""
+    tone: str = ""
+    attempt: int | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer in one or two sentences, for the top of the page."""
+
+    headline: str
+    detail: str = ""
+    tone: str = ""
+
+
+def seconds_text(span: timedelta) -> str:
+    """A signed duration with millisecond precision: '+0.412 s', '+612.000 s', '-1.500 s'."""
+    seconds = span.total_seconds()
+    return f"{'+' if seconds >= 0 else '-'}{abs(seconds):.3f} s"
+
+
+def _utc(instant: datetime) -> str:
+    return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _rule(definition: dict[str, Any] | None) -> str:
+    if not definition:
+        return ""
+    return (
+        f"misfire policy {definition.get('misfire_policy')}, max lateness {definition.get('max_lateness_seconds')} s, "
+        f"overlap policy {definition.get('overlap_policy')}, max attempts {definition.get('max_attempts')}"
+    )
+
+
+def _origin(occurrence: Occurrence) -> str:
+    if occurrence.manual:
+        return "a manual trigger (run now), outside the cron rhythm; forced: it runs whatever the schedule does next"
+    if occurrence.forced and occurrence.created_at - occurrence.scheduled_for > BACKFILL_GAP:
+        return "a backfill by an operator; forced: it runs even if the schedule changed since"
+    if occurrence.forced:
+        return "the schedule's rhythm, replayed by an operator since (forced: it runs even if the schedule changed)"
+    return "the schedule's rhythm"
+
+
+def _release_detail(occurrence: Occurrence, attempts: Sequence[Attempt]) -> str:
+    delay = seconds_text(occurrence.available_at - occurrence.scheduled_for)
+    if occurrence.forced and any(a.started_at < occurrence.available_at for a in attempts):
+        return f"{delay} after its fire time: replayed from the dead-letter queue, under the same id"
+    if occurrence.forced and not occurrence.manual:
+        return f"{delay} after its fire time: released when the operator's backfill wrote it (paced by catch-up)"
+    if occurrence.lane == "flexible":
+        return f"{delay}: its slot in the flexible lane's spread window"
+    return f"{delay}: paced by the tenant's catch-up budget (max catch-up fires per minute)"
+
+
+def occurrence_timeline(
+    occurrence: Occurrence,
+    attempts: Sequence[Attempt],
+    *,
+    definition: dict[str, Any] | None,
+    now: datetime,
+) -> list[Event]:
+    """Every transition the rows record, in time order (ties keep the order of the life cycle)."""
+    events: list[Event] = [
+        Event(
+            occurrence.created_at,
+            f"Created (version {occurrence.schedule_version})",
+            f"From {_origin(occurrence)}."
+            + (
+                " Kept through a schedule change: it was already due when the schedule changed."
+                if occurrence.kept
+                else ""
+            ),
+        ),
+        Event(occurrence.scheduled_for, "Fire time (scheduled for)", "The instant the rule asked for."),
+    ]
+    if occurrence.available_at != occurrence.scheduled_for:
+        events.append(Event(occurrence.available_at, "Released", _release_detail(occurrence, attempts)))
+    if occurrence.throttled:
+        events.append(
+            Event(
+                occurrence.enqueued_at or occurrence.available_at,
+                "Throttled",
+                "Waited for the tenant's max_fires_per_second quota before it was published; that wait is the "
+                "tenant's quota, not platform lag, and the misfire rule does not count it.",
+                tone="warn",
+            )
+        )
+    if occurrence.enqueued_at is not None:
+        events.append(
+            Event(
+                occurrence.enqueued_at,
+                "Published to the broker (enqueued)",
+                f"{seconds_text(occurrence.enqueued_at - occurrence.available_at)} after release, "
+                f"{seconds_text(occurrence.enqueued_at - occurrence.scheduled_for)} after its fire time.",
+            )
+        )
+    for attempt in attempts:
+        events.extend(_attempt_events(occurrence, attempt, now))
+    final = _final_event(occurrence, attempts, definition, now)
+    if final is not None:
+        events.append(final)
+    order = {id(event): index for index, event in enumerate(events)}
+    far = datetime.max.replace(tzinfo=UTC)
+    return sorted(events, key=lambda event: (event.at or far, order[id(event)]))
+
+
+def _attempt_events(occurrence: Occurrence, attempt: Attempt, now: datetime) -> list[Event]:
+    worker = f" by {attempt.worker}" if attempt.worker else ""
+    events = [
+        Event(
+            attempt.started_at,
+            f"Attempt {attempt.generation} started",
+            f"Claimed{worker}, {seconds_text(attempt.started_at - occurrence.scheduled_for)} after its fire time.",
+            attempt=attempt.generation,
+        )
+    ]
+    if attempt.finished_at is not None:
+        duration = seconds_text(attempt.finished_at - attempt.started_at).lstrip("+")
+        error = f" {attempt.error_class or 'error'}: {attempt.error}" if attempt.error or attempt.error_class else ""
+        outcome = attempt.outcome or "finished"
+        events.append(
+            Event(
+                attempt.finished_at,
+                f"Attempt {attempt.generation} {outcome}",
+                f"After {duration}.{error}",
+                tone="ok" if outcome == "succeeded" else ("error" if outcome == "failed" else "warn"),
+                attempt=attempt.generation,
+            )
+        )
+    elif attempt.lease_expires_at is not None and attempt.lease_expires_at < now:
+        events.append(
+            Event(
+                attempt.lease_expires_at,
+                f"Attempt {attempt.generation}: lease expired",
+                "Its worker stopped renewing the lease (it died or lost the database); the reaper retries the "
+                "occurrence or ends it, and a later attempt takes over with the next generation.",
+                tone="warn",
+                attempt=attempt.generation,
+            )
+        )
+    return events
+
+
+def _final_event(
+    occurrence: Occurrence, attempts: Sequence[Attempt], definition: dict[str, Any] | None, now: datetime
+) -> Event | None:
+    judged = verdict(occurrence, attempts, definition=definition, now=now)
+    if occurrence.state in (OccurrenceState.SCHEDULED, OccurrenceState.ENQUEUED, OccurrenceState.RUNNING):
+        return Event(now, f"Now: {occurrence.state}", judged.headline, tone=judged.tone)
+    if occurrence.state == OccurrenceState.RETRY_WAIT:
+        return Event(now, "Now: waiting (retry_wait)", judged.headline, tone=judged.tone)
+    return Event(occurrence.finished_at, f"Finished: {occurrence.state}", judged.headline, tone=judged.tone)
+
+
+def _reason(occurrence: Occurrence) -> str:
+    return occurrence.state_reason.strip()
+
+
+def verdict(
+    occurrence: Occurrence, attempts: Sequence[Attempt], *, definition: dict[str, Any] | None, now: datetime
+) -> Verdict:
+    """Why the occurrence is where it is, from its state_reason and the rule of its version."""
+    state, reason = occurrence.state, _reason(occurrence)
+    rule = _rule(definition)
+    version = f"version {occurrence.schedule_version}"
+    last = attempts[-1] if attempts else None
+    if state == OccurrenceState.MISSED:
+        if reason:
+            return Verdict(f"missed: {reason}", f"Decided by the rule of {version}: {rule}." if rule else "", "error")
+        late = (occurrence.finished_at or now) - occurrence.scheduled_for
+        return Verdict(
+            "missed (no reason recorded)",
+            f"It was recorded {seconds_text(late)} after its fire time; {version}: {rule}." if rule else "",
+            "error",
+        )
+    if state == OccurrenceState.SKIPPED_OVERLAP:
+        return Verdict(
+            f"skipped: {reason or 'overlap with a running occurrence'}",
+            f"The overlap policy of {version} ({(definition or {}).get('overlap_policy', '?')}) decided it.",
+            "warn",
+        )
+    if state == OccurrenceState.CANCELED:
+        return Verdict(
+            f"canceled: {reason or 'withdrawn by a change of its schedule'}",
+            "A schedule change (update, pause, cancel) withdrew it before any worker claimed it."
+            if not attempts
+            else "Its schedule changed while it was running; the worker stopped it.",
+            "warn",
+        )
+    if state == OccurrenceState.DEAD:
+        error = f"; last error {last.error_class or 'error'}: {last.error}" if last and last.error else ""
+        return Verdict(
+            f"dead: {reason or 'failed'} after {occurrence.attempt_count} attempt(s){error}",
+            "In the dead-letter queue: replay it (same id) once the cause is fixed.",
+            "error",
+        )
+    if state == OccurrenceState.SUCCEEDED:
+        took = ""
+        if last is not None and last.finished_at is not None:
+            took = f" in {seconds_text(last.finished_at - last.started_at).lstrip('+')}"
+        started = ""
+        if attempts:
+            started = f", started {seconds_text(attempts[0].started_at - occurrence.scheduled_for)} after its fire time"
+        return Verdict(f"succeeded on attempt {occurrence.attempt_count}{took}{started}.", tone="ok")
+    if state == OccurrenceState.RETRY_WAIT:
+        if reason.startswith("throttled"):
+            return Verdict(f"{reason}: it waits for a running slot and is offered again shortly.", tone="warn")
+        if reason.startswith("overlap"):
+            return Verdict(f"waiting: {reason}.", tone="warn")
+        error = f" after {last.error_class or 'error'}: {last.error}" if last and last.error else ""
+        return Verdict(
+            f"waiting to retry (attempt {occurrence.attempt_count + 1} at {_utc(occurrence.available_at)}){error}.",
+            tone="warn",
+        )
+    if state == OccurrenceState.RUNNING:
+        return Verdict(f"running (attempt {occurrence.attempt_count}).")
+    due = occurrence.available_at
+    if due > now:
+        return Verdict(f"waiting for its release at {_utc(due)}.")
+    where = (
+        "the broker holds it for a worker" if state == OccurrenceState.ENQUEUED else "the relay has not published it"
+    )
+    return Verdict(
+        f"due {seconds_text(now - due).lstrip('+')} ago: {where}.", tone="warn" if now - due > BACKFILL_GAP else ""
+    )
+
+
+def occurrence_ids_in(text: str) -> list[str]:
+    """The occurrence ids a reason names ("overlap: occurrence <id> still running"), to link them."""
+    return UUID_PATTERN.findall(text)

@@ -1,0 +1,221 @@
+"""Where a zone's clock changes meet a cron rule's wall-clock times: the notes a preview shows beside its fires.
+
+The time rules (schedules/timerules.py, API.md) skip a wall-clock time that does not exist that day (spring forward)
+and fire a repeated one once, at its first instant (fall back). Both are silent in a list of fires: a day is just
+missing, or an hour looks ordinary. These notes say so, in the words an operator checks a rule with.
+
+No croniter here: the parsed fields (schedules.cron_syntax) are matched against the few wall-clock minutes a clock
+change affects, with the Vixie day rule, exactly as timerules walks them.
+"""
+
+from __future__ import annotations
+
+import zoneinfo
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from schedules.cron_syntax import CronSpec, TimeRuleError, parse_cron
+from schedules.timerules import parse_timezone
+
+__all__ = ["ClockChange", "DstNote", "clock_changes", "dst_notes", "upcoming_dst_notes"]
+
+# Offsets are sampled this far apart, then bisected. Real zones change at most a few times a year, never twice in
+# six hours, so no change is stepped over.
+SAMPLE_STEP = timedelta(hours=6)
+# A preview of 100 fires of a yearly rule spans a century; its notes cover the first years only, which bounds the
+# sampling (about 7,300 offsets) for a request made on every keystroke.
+MAX_SCAN = timedelta(days=5 * 366)
+# More affected wall times than this are written as a range ("01:00 to 01:59, 60 times").
+LISTED_TIMES = 4
+
+
+@dataclass(frozen=True)
+class ClockChange:
+    """One change of a zone's UTC offset: `at` is the first instant (UTC) on the new offset."""
+
+    at: datetime
+    before: timedelta
+    after: timedelta
+
+    @property
+    def is_gap(self) -> bool:
+        """Spring forward: the clock jumps ahead, and the wall times in between never happen."""
+        return self.after > self.before
+
+    def wall_range(self) -> tuple[datetime, datetime]:
+        """The naive wall-clock times the change affects, [start, end): skipped in a gap, repeated in a fold."""
+        if self.is_gap:
+            start = (self.at + self.before).replace(tzinfo=None)
+            return start, start + (self.after - self.before)
+        start = (self.at + self.after).replace(tzinfo=None)
+        return start, start + (self.before - self.after)
+
+
+@dataclass(frozen=True)
+class DstNote:
+    """A note for a preview. `at` orders it among the fires; `fires` are the fires it explains (a repeated time's
+    first instants), none for skipped times, which have no fire."""
+
+    kind: str  # "skipped" | "repeated"
+    at: datetime
+    text: str
+    fires: tuple[datetime, ...] = ()
+
+
+def _offset(zone: zoneinfo.ZoneInfo, instant: datetime) -> timedelta:
+    return instant.astimezone(zone).utcoffset() or timedelta(0)
+
+
+def clock_changes(zone: zoneinfo.ZoneInfo, since: datetime, until: datetime) -> list[ClockChange]:
+    """Every offset change of `zone` with since < at <= until (aware instants), in time order."""
+    changes: list[ClockChange] = []
+    lo = since.astimezone(UTC)
+    until = min(until.astimezone(UTC), lo + MAX_SCAN)
+    lo_offset = _offset(zone, lo)
+    while lo < until:
+        hi = min(lo + SAMPLE_STEP, until)
+        hi_offset = _offset(zone, hi)
+        if hi_offset != lo_offset:
+            changes.append(_bisect(zone, lo, hi, lo_offset, hi_offset))
+        lo, lo_offset = hi, hi_offset
+    return changes
+
+
+def _bisect(zone: zoneinfo.ZoneInfo, lo: datetime, hi: datetime, before: timedelta, after: timedelta) -> ClockChange:
+    while hi - lo > timedelta(milliseconds=1):
+        mid = lo + (hi - lo) / 2
+        if _offset(zone, mid) == before:
+            lo = mid
+        else:
+            hi = mid
+    # Zones change on whole seconds: the first instant on the new offset is within a millisecond of `hi`.
+    at = (hi + timedelta(microseconds=500_000)).replace(microsecond=0)
+    if _offset(zone, at) != after:
+        at = hi
+    return ClockChange(at=at, before=before, after=after)
+
+
+def _matches(spec: CronSpec, wall: datetime) -> bool:
+    """Whether the expression selects this wall-clock minute (the Vixie rule for the two day fields)."""
+    if (
+        wall.minute not in spec.minute.values
+        or wall.hour not in spec.hour.values
+        or wall.month not in spec.month.values
+    ):
+        return False
+    dom = wall.day in spec.dom.values
+    dow = wall.isoweekday() % 7 in spec.dow.values
+    return (dom or dow) if spec.day_or else (dom and dow)
+
+
+def _affected(spec: CronSpec, change: ClockChange) -> list[datetime]:
+    start, end = change.wall_range()
+    matched = []
+    wall = start.replace(second=0, microsecond=0)
+    if wall < start:
+        wall += timedelta(minutes=1)
+    while wall < end:
+        if _matches(spec, wall):
+            matched.append(wall)
+        wall += timedelta(minutes=1)
+    return matched
+
+
+def _times(walls: list[datetime]) -> str:
+    texts = [f"{wall:%H:%M}" for wall in walls]
+    if len(texts) == 1:
+        return texts[0]
+    if len(texts) <= LISTED_TIMES:
+        return f"{', '.join(texts[:-1])} and {texts[-1]}"
+    return f"{texts[0]} to {texts[-1]} ({len(texts)} times)"
+
+
+def dst_notes(cron: str, timezone: str, *, after: datetime, fires: list[datetime]) -> list[DstNote]:
+    """Notes for the clock changes among a preview's fires (strictly after `after`, up to the last fire).
+
+    A skipped time is noted when its change falls in that span; a repeated one when its first instant (the one that
+    fires) does, and the note names those fires. Nothing for an empty preview, or a rule or zone that does not parse
+    (the preview reports those errors itself).
+    """
+    if not fires:
+        return []
+    parsed = _parse(cron, timezone)
+    if parsed is None:
+        return []
+    spec, zone = parsed
+    last = max(fires)
+    notes = []
+    # A repeated time's first instant lies before its change (by up to the size of the fold): look a day past `last`.
+    for change in clock_changes(zone, after, last + timedelta(days=1)):
+        note = _note(spec, zone, timezone, change, after=after, until=last)
+        if note is not None:
+            notes.append(note)
+    return notes
+
+
+def upcoming_dst_notes(
+    cron: str, timezone: str, *, after: datetime, within: timedelta = timedelta(days=366), limit: int = 2
+) -> list[DstNote]:
+    """The next `limit` clock changes after `after` (within a year) that touch the rule's wall times: what a short
+    preview cannot show yet ("30 2 * * *" in New York, previewed in December, skips 02:30 in March)."""
+    parsed = _parse(cron, timezone)
+    if parsed is None:
+        return []
+    spec, zone = parsed
+    notes = []
+    for change in clock_changes(zone, after, after + within):
+        note = _note(spec, zone, timezone, change, after=after, until=after + within + timedelta(days=1))
+        if note is not None:
+            notes.append(note)
+            if len(notes) >= limit:
+                break
+    return notes
+
+
+def _parse(cron: str, timezone: str) -> tuple[CronSpec, zoneinfo.ZoneInfo] | None:
+    try:
+        return parse_cron(cron), parse_timezone(timezone)
+    except TimeRuleError:
+        return None
+
+
+def _note(
+    spec: CronSpec, zone: zoneinfo.ZoneInfo, timezone: str, change: ClockChange, *, after: datetime, until: datetime
+) -> DstNote | None:
+    """The note for one change, when it touches the rule's wall times within (after, until]."""
+    walls = _affected(spec, change)
+    if not walls:
+        return None
+    day = f"{walls[0]:%Y-%m-%d}"
+    if change.is_gap:
+        if not after < change.at <= until:
+            return None
+        verb = "does not exist" if len(walls) == 1 else "do not exist"
+        start, end = change.wall_range()
+        # A jump across midnight (Pacific/Apia skipped all of 2011-12-30) needs the dates to read right.
+        clock = "%H:%M" if start.date() == end.date() else "%Y-%m-%d %H:%M"
+        return DstNote(
+            kind="skipped",
+            at=change.at,
+            text=f"{_times(walls)} {verb} on {day} in {timezone}: skipped "
+            f"(the clocks jump from {start:{clock}} to {end:{clock}}).",
+        )
+    # fold=0: the first pass of a repeated hour is on the offset from before the change.
+    firsts = tuple((wall - change.before).replace(tzinfo=UTC) for wall in walls)
+    shown = tuple(first for first in firsts if after < first <= until)
+    if not shown:
+        return None
+    first_local = shown[0].astimezone(zone)
+    second_zone = (shown[0] + (change.before - change.after)).astimezone(zone).tzname()
+    if len(walls) == 1:
+        text = (
+            f"On {day} in {timezone}, {_times(walls)} occurs twice: fires once, at the first "
+            f"({first_local:%H:%M} {first_local.tzname()}, {shown[0]:%H:%M} UTC), not at {walls[0]:%H:%M} "
+            f"{second_zone}."
+        )
+    else:
+        text = (
+            f"On {day} in {timezone}, {_times(walls)} occur twice: each fires once, at the first "
+            f"({first_local.tzname()}), not again in {second_zone}."
+        )
+    return DstNote(kind="repeated", at=shown[0], text=text, fires=shown)

@@ -1,0 +1,145 @@
+/* Live preview on a schedule's change page: the next fires of the rule as typed, with DST notes.
+ *
+ * Posts the form's time fields as JSON to the console's preview URL (the API's preview rules, see
+ * schedules/admin/preview.py) a moment after each keystroke. Served from this app's static folder: the console
+ * loads nothing from another host, so it works offline. Server text is inserted with textContent only.
+ */
+"use strict";
+
+(function () {
+  const DEBOUNCE_MS = 300;
+  const COUNT = 10;
+  const TEXT_FIELDS = ["kind", "cron", "timezone", "lane", "misfire_policy"];
+  const INTEGER_FIELDS = ["flexible_window_seconds", "priority", "max_lateness_seconds", "catchup_limit"];
+
+  function field(form, name) {
+    const element = form.elements.namedItem(name);
+    return element && "value" in element ? element.value : null;
+  }
+
+  function definition(form) {
+    const body = { count: COUNT };
+    for (const name of TEXT_FIELDS) {
+      const value = field(form, name);
+      if (value !== null) body[name] = value;
+    }
+    for (const name of INTEGER_FIELDS) {
+      const value = field(form, name);
+      if (value === null || value.trim() === "") continue;
+      // Not a whole number: sent as typed, so the answer is the API's own message for it.
+      body[name] = /^-?\d+$/.test(value.trim()) ? parseInt(value.trim(), 10) : value;
+    }
+    if (body.kind === "once") {
+      delete body.cron;
+      const day = (field(form, "run_at_0") || "").trim();
+      const time = (field(form, "run_at_1") || "").trim() || "00:00";
+      // The form labels run_at as UTC.
+      body.run_at = day ? day + "T" + time + "Z" : null;
+    } else {
+      body.run_at = null;
+    }
+    return body;
+  }
+
+  function element(tag, text, className) {
+    const node = document.createElement(tag);
+    if (text !== undefined) node.textContent = text;
+    if (className) node.className = className;
+    return node;
+  }
+
+  function renderErrors(target, errors) {
+    const list = element("ul", undefined, "errorlist");
+    for (const [name, messages] of Object.entries(errors)) {
+      for (const message of [].concat(messages)) {
+        list.appendChild(element("li", (name === "detail" ? "" : name + ": ") + message));
+      }
+    }
+    target.replaceChildren(element("p", "This definition would be refused:", "help"), list);
+  }
+
+  function renderFires(target, data) {
+    const nodes = [element("p", data.summary, "preview-summary")];
+    if (data.notes.length) {
+      const notes = element("ul", undefined, "dst-notes");
+      for (const note of data.notes) notes.appendChild(element("li", note.text, "dst-" + note.kind));
+      nodes.push(notes);
+    }
+    const ahead = element("ul", undefined, "dst-notes dst-ahead");
+    for (const note of data.ahead) ahead.appendChild(element("li", "Later: " + note.text, "dst-" + note.kind));
+    if (!data.fires.length) {
+      nodes.push(element("p", data.empty, "help"));
+      if (data.ahead.length) nodes.push(ahead);
+      target.replaceChildren(...nodes);
+      return;
+    }
+    const table = element("table");
+    table.style.width = "100%";
+    const head = element("tr");
+    for (const title of ["#", "UTC", "Local", "Clock change"]) head.appendChild(element("th", title));
+    table.appendChild(element("thead")).appendChild(head);
+    const rows = table.appendChild(element("tbody"));
+    data.fires.forEach(function (fire, index) {
+      const row = element("tr");
+      for (const text of [String(index + 1), fire.utc_text, fire.local_text, fire.note]) {
+        row.appendChild(element("td", text));
+      }
+      rows.appendChild(row);
+    });
+    nodes.push(table);
+    if (data.ahead.length) nodes.push(ahead);
+    target.replaceChildren(...nodes);
+  }
+
+  function start(panel) {
+    const form = document.getElementById("schedule_form");
+    const target = panel.querySelector(".live-preview-body");
+    if (!form || !target) return;
+    const token = form.elements.namedItem("csrfmiddlewaretoken");
+    let timer = null;
+    let sequence = 0;
+    let inFlight = null;
+
+    async function refresh() {
+      const mine = ++sequence;
+      if (inFlight) inFlight.abort();
+      inFlight = new AbortController();
+      try {
+        const response = await fetch(panel.dataset.previewUrl, {
+          method: "POST",
+          credentials: "same-origin",
+          headers: { "Content-Type": "application/json", "X-CSRFToken": token ? token.value : "" },
+          body: JSON.stringify(definition(form)),
+          signal: inFlight.signal,
+        });
+        if (mine !== sequence) return; // a later keystroke has its own request
+        const type = response.headers.get("Content-Type") || "";
+        if (!type.includes("application/json")) {
+          target.replaceChildren(element("p", "Preview unavailable (signed out?): reload the page.", "help"));
+          return;
+        }
+        const data = await response.json();
+        if (response.ok) renderFires(target, data);
+        else renderErrors(target, data);
+      } catch (error) {
+        if (error.name !== "AbortError" && mine === sequence) {
+          target.replaceChildren(element("p", "Preview unavailable: " + error.message, "help"));
+        }
+      }
+    }
+
+    function schedule() {
+      clearTimeout(timer);
+      timer = setTimeout(refresh, DEBOUNCE_MS);
+    }
+
+    form.addEventListener("input", schedule);
+    form.addEventListener("change", schedule);
+    refresh();
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    const panel = document.getElementById("live-preview");
+    if (panel) start(panel);
+  });
+})();

@@ -1,0 +1,115 @@
+"""An operator's first session, in Chromium: log in, see a styled dashboard with data, find why a fire did not run,
+act on it. Screenshots of the dashboard and a timeline go to docs/img/ (shown in README.md)."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from dispatch.models import Occurrence, ProcessHeartbeat
+from schedules.clock import db_now
+from tests.browser.conftest import SCREENSHOTS
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+PASSWORD = "browser-operator-password"
+# Regenerate the README's screenshots only when asked: a test run must not dirty the checkout.
+KEEP_SCREENSHOTS = os.environ.get("SCHEDULER_SCREENSHOTS") == "1"
+
+
+@pytest.fixture
+def demo_like(tenant_a, make_schedule, make_occurrence):
+    """What `make demo` shows after a while: schedules in a few zones, an hour of fires, a miss, a dead one."""
+    tenant = tenant_a.tenant
+    now = db_now().replace(second=0, microsecond=0)
+    heartbeat = make_schedule(tenant, name="heartbeat", cron="* * * * *", handler="log")
+    make_schedule(tenant, name="nightly-report", cron="30 2 * * *", timezone="America/New_York", handler="log")
+    report = make_schedule(tenant, name="standup-reminder", cron="0 9 * * mon-fri", timezone="Europe/Madrid")
+    for minutes_ago in range(1, 55):
+        at = now - timedelta(minutes=minutes_ago)
+        lag = 0.04 + (minutes_ago % 7) * 0.01
+        make_occurrence(heartbeat, at=at, state="succeeded", enqueued_at=at + timedelta(seconds=lag))
+    missed_at = now - timedelta(minutes=30)
+    missed = make_occurrence(
+        report,
+        at=missed_at,
+        state="missed",
+        finished_at=missed_at + timedelta(seconds=700),
+        state_reason="late by 700 s > max lateness 60 s (skip)",
+    )
+    dead_at = now - timedelta(minutes=20)
+    dead = make_occurrence(
+        report,
+        at=dead_at,
+        state="dead",
+        enqueued_at=dead_at + timedelta(seconds=1),
+        finished_at=dead_at + timedelta(seconds=2),
+        attempt_count=5,
+        state_reason="attempts exhausted (5 of 5)",
+    )
+    ProcessHeartbeat.objects.all().delete()
+    for role in ("materializer", "relay", "worker"):
+        ProcessHeartbeat.objects.create(name=f"{role}-1", role=role, started_at=now, heartbeat_at=db_now())
+    get_user_model().objects.create_superuser("operator", "ops@example.com", PASSWORD)
+    return {"missed": missed, "dead": dead, "heartbeat": heartbeat}
+
+
+def log_in(page, live_server) -> None:
+    page.goto(f"{live_server.url}/admin/login/")
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{live_server.url}/admin/")
+
+
+def test_an_operator_sees_a_styled_dashboard_with_data_and_finds_why_a_fire_was_missed(page, live_server, demo_like):
+    log_in(page, live_server)
+
+    # Styled: the admin stylesheet applied (the header has its colour, not the browser's default).
+    header_background = page.eval_on_selector("#header", "e => getComputedStyle(e).backgroundColor")
+    assert header_background not in ("rgba(0, 0, 0, 0)", "transparent"), header_background
+    assert page.locator("svg.chart").count() == 3
+    assert page.locator("svg.chart polyline").count() >= 1, "the lag chart has lines"
+    assert page.locator("svg.chart rect[fill='#2e7d32']").count() >= 10, "succeeded fires per minute"
+    assert "1" in page.locator(".tile").first.inner_text(), "one occurrence in the DLQ"
+    if KEEP_SCREENSHOTS:
+        page.screenshot(path=str(SCREENSHOTS / "dashboard.png"), full_page=True)
+
+    # Why didn't 09:00 run? The occurrence list, filtered to missed fires, then the occurrence itself.
+    page.goto(f"{live_server.url}/admin/dispatch/occurrence/?state__exact=missed")
+    rows = page.locator("#result_list tbody tr")
+    assert rows.count() == 1
+    rows.first.locator("a").first.click()
+    page.wait_for_load_state()
+    assert "late by 700 s > max lateness 60 s (skip)" in page.inner_text("body")
+    if KEEP_SCREENSHOTS:
+        page.screenshot(path=str(SCREENSHOTS / "timeline.png"), full_page=True)
+    assert Occurrence.objects.filter(pk=demo_like["missed"].pk, state="missed").exists()
+
+
+def test_an_operator_runs_a_schedule_now_and_replays_a_dead_occurrence(page, live_server, demo_like):
+    log_in(page, live_server)
+
+    # Run now, from the schedule's page: a manual occurrence is queued, and the action is in Recent actions.
+    heartbeat = demo_like["heartbeat"]
+    page.goto(f"{live_server.url}/admin/schedules/schedule/{heartbeat.pk}/change/")
+    page.click("text=Run now")
+    page.click("input[type=submit][value='Run now']")
+    page.wait_for_load_state()
+    assert "Run now: occurrence" in page.inner_text(".messagelist")
+    assert Occurrence.objects.filter(schedule=heartbeat, manual=True, state="scheduled").count() == 1
+
+    # Replay from the DLQ, from the dead occurrence's page: same id, back to the queue.
+    dead = demo_like["dead"]
+    page.goto(f"{live_server.url}/admin/dispatch/occurrence/{dead.pk}/change/")
+    assert "attempts exhausted (5 of 5)" in page.inner_text("body")
+    page.click("text=Replay from the DLQ")
+    page.click("input[type=submit][value='Replay']")
+    page.wait_for_load_state()
+    dead.refresh_from_db()
+    assert dead.state in ("scheduled", "enqueued"), dead.state
+    page.goto(f"{live_server.url}/admin/")
+    recent = page.inner_text("#recent-actions-module")
+    assert str(dead.pk) in recent and heartbeat.name in recent, "both actions are under Recent actions"
