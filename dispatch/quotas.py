@@ -52,8 +52,16 @@ def fair_shares(demands: Mapping[int, Demand], capacity: int, *, rotation: int =
             if d.envelopes <= left * max(1, d.weight) / total_weight
         }
         if not satisfied:
-            for tenant, d in wanting.items():
-                shares[tenant] = max(1, math.floor(left * max(1, d.weight) / total_weight))
+            split = {t: max(1, math.floor(left * max(1, d.weight) / total_weight)) for t, d in wanting.items()}
+            # Everyone gets at least one envelope; what that costs over the batch comes off the largest shares.
+            excess = sum(split.values()) - left
+            while excess > 0:
+                largest = max(split, key=lambda t: split[t])
+                if split[largest] <= 1:
+                    break
+                split[largest] -= 1
+                excess -= 1
+            shares.update(split)
             break
         for tenant, envelopes in satisfied.items():
             shares[tenant] = envelopes

@@ -54,5 +54,5 @@ def test_shares_never_exceed_what_is_due_and_fill_the_batch_when_enough_is_due(r
     if len(wanting) <= capacity:
         assert set(shares) == set(wanting), "every tenant with work due gets some of the batch"
         total_due = sum(demands[t].envelopes for t in wanting)
-        # Rounding down the last split leaves at most one envelope per tenant unused.
-        assert min(capacity, total_due) - len(wanting) <= sum(shares.values()) <= max(capacity, len(wanting))
+        # Rounding down the last split leaves at most one envelope per tenant unused; it never overfills the batch.
+        assert min(capacity, total_due) - len(wanting) <= sum(shares.values()) <= capacity
