@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.conf import settings
+from django.core.exceptions import SuspiciousOperation
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.multipartparser import MultiPartParserError
 
 
 class BodySizeLimitMiddleware:
@@ -41,7 +43,11 @@ class NulCharacterMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         sources = [request.GET]
         if request.method == "POST" and request.content_type in FORM_CONTENT_TYPES:
-            sources.append(request.POST)
+            try:
+                sources.append(request.POST)
+            except (MultiPartParserError, SuspiciousOperation):
+                # Django would answer these with its HTML error page; the API answers in JSON.
+                return JsonResponse({"detail": "The form body could not be parsed."}, status=400)
         for source in sources:
             for key, values in source.lists():
                 if "\x00" in key or any("\x00" in value for value in values):

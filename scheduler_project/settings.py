@@ -215,6 +215,21 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "SCHEMA_PATH_PREFIX": "/api/v1",
+    # 3.1 is JSON Schema: `null` as a type and `propertyNames` say exactly what the API accepts (payload keys).
+    "OAS_VERSION": "3.1.0",
+    # Bodies are documented as JSON, the contract (API.md); the form parsers serve the browsable API.
+    "PARSER_WHITELIST": ["rest_framework.parsers.JSONParser"],
+    # One name per set of choices, wherever it appears (input, output, filters): no hash-suffixed names.
+    "ENUM_NAME_OVERRIDES": {
+        "KindEnum": "schedules.models.Kind",
+        "LaneEnum": "schedules.models.Lane",
+        "MisfirePolicyEnum": "schedules.models.MisfirePolicy",
+        "OverlapPolicyEnum": "schedules.models.OverlapPolicy",
+        "ScheduleStateEnum": "schedules.models.ScheduleState",
+        "OccurrenceStateEnum": "dispatch.models.OccurrenceState",
+        "HandlerEnum": "dispatch.handlers.registered_names",
+    },
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "schedules.api.schema.finish"],
 }
 
 # --- Celery (RabbitMQ broker; django-celery-results keeps Celery's own task results) ---

@@ -20,6 +20,7 @@ __all__ = [
     "TimeRuleError",
     "local_time",
     "parse_timezone",
+    "zone_names",
 ]
 
 # One entry per distinct (expression, zone) pair: tenants share a handful of rhythms, so this stays small.
@@ -59,6 +60,11 @@ def _load_zone(name: str) -> zoneinfo.ZoneInfo:
 def _known_zones() -> frozenset[str]:
     # An allow-list rather than trusting ZoneInfo(): it would also open relative paths and stray files.
     return frozenset(zoneinfo.available_timezones()) - _NOT_IANA_ZONES
+
+
+def zone_names() -> list[str]:
+    """Every zone name parse_timezone accepts, sorted (the API schema lists them)."""
+    return sorted(_known_zones())
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,17 +1,85 @@
-"""Query-string filters of the schedule list (`?state=`, `?handler=`, `?name=`)."""
+"""Query-string filters of the schedule list (`?state=`, `?handler=`, `?name=`) and of the occurrence list
+(`?state=`, `?schedule=`, `?scheduled_after=`, `?scheduled_before=`)."""
 
 from __future__ import annotations
 
-import django_filters
+from datetime import datetime
+from typing import Any
 
+import django_filters
+from django import forms
+from django.db.models import TextChoices
+from drf_spectacular.utils import extend_schema_field
+
+from dispatch.models import Occurrence, OccurrenceState
+from schedules.api.schema import INSTANT, query_text
+from schedules.api.serializers import INSTANT_ERRORS, InstantInvalid, parse_instant
 from schedules.models import Schedule, ScheduleState
 
 
+def choice_filter(choices: type[TextChoices]) -> django_filters.ChoiceFilter:
+    # The message names the choices, not the input (Django's default echoes the value back).
+    return django_filters.ChoiceFilter(
+        choices=choices.choices,
+        error_messages={"invalid_choice": f"Must be one of: {', '.join(choices.values)}."},
+    )
+
+
 class ScheduleFilter(django_filters.FilterSet):
-    state = django_filters.ChoiceFilter(choices=ScheduleState.choices)
-    handler = django_filters.CharFilter(max_length=100)
-    name = django_filters.CharFilter(max_length=200)
+    state = choice_filter(ScheduleState)
+    handler = extend_schema_field(query_text(100))(django_filters.CharFilter(max_length=100))
+    name = extend_schema_field(query_text(200))(django_filters.CharFilter(max_length=200))
 
     class Meta:
         model = Schedule
         fields = ["state", "handler", "name"]
+
+
+class InstantFormField(forms.Field):
+    """An instant as the API reads one everywhere (schedules.api.serializers.parse_instant): ISO 8601 with an
+    offset or Z, 1900-9000. Django's own datetime field would take a naive time as the server's zone."""
+
+    default_error_messages = INSTANT_ERRORS
+
+    def to_python(self, value: Any) -> datetime | None:
+        if value in self.empty_values:
+            return None
+        try:
+            return parse_instant(value)
+        except InstantInvalid as exc:
+            raise forms.ValidationError(self.error_messages[exc.code], code=exc.code) from None
+
+
+class InstantFilter(django_filters.Filter):
+    field_class = InstantFormField
+
+
+def scheduled(lookup_expr: str, description: str) -> InstantFilter:
+    """A bound of the range of scheduled_for, documented as the instants the API accepts."""
+    schema = {**INSTANT, "description": f"{description} {INSTANT['description']}"}
+    return extend_schema_field(schema)(InstantFilter(field_name="scheduled_for", lookup_expr=lookup_expr))
+
+
+class OccurrenceFilterForm(forms.Form):
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        after, before = cleaned.get("scheduled_after"), cleaned.get("scheduled_before")
+        if after is not None and before is not None and after > before:
+            self.add_error("scheduled_after", "Must not be later than scheduled_before.")
+        return cleaned
+
+
+class OccurrenceFilter(django_filters.FilterSet):
+    """The time range compares scheduled_for itself, the partition key, so PostgreSQL scans only the days of
+    the range: a tenant's listing of a day stays cheap however many days of occurrences are kept."""
+
+    state = choice_filter(OccurrenceState)
+    schedule = django_filters.UUIDFilter(field_name="schedule_id", help_text="The id of one of the schedules.")
+    # A half-open range [after, before): consecutive windows neither overlap nor leave a gap.
+    scheduled_after = scheduled("gte", "Scheduled at or after this instant.")
+    scheduled_before = scheduled("lt", "Scheduled before this instant, which is not earlier than scheduled_after.")
+
+    class Meta:
+        model = Occurrence
+        fields = ["state", "schedule", "scheduled_after", "scheduled_before"]
+        form = OccurrenceFilterForm

@@ -5,12 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from django.db.models import TextChoices
+from django.http import QueryDict
 from django.utils.dateparse import parse_datetime
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from dispatch.models import Attempt, Occurrence
+from dispatch.models import Attempt, Occurrence, OccurrenceState
 from dispatch.occurrences import earliest_pending_fire
 from schedules.clock import db_now
 from schedules.json_input import MAX_JSON_DEPTH, json_depth_exceeds
@@ -18,6 +19,8 @@ from schedules.models import DEFINITION_FIELDS, Kind, Lane, MisfirePolicy, Overl
 from schedules.services import MAX_PREVIEW_COUNT, NUMERIC_RANGES
 from schedules.timerules import local_time
 
+# The column that stores a create's Idempotency-Key; a longer key would fail in the database rather than as a 400.
+MAX_IDEMPOTENCY_KEY_LENGTH: int = Schedule._meta.get_field("idempotency_key").max_length or 0
 # Keys the server sets. A PATCH may send them back from a GET unchanged (ignored); a different value is a 400, not a
 # silent no-op: `{"state": "paused"}` answered 200 and bumped the version without pausing anything.
 READ_ONLY_KEYS = frozenset({"id", "state", "version", "next_run_at", "created_at", "updated_at"})
@@ -32,34 +35,56 @@ EARLIEST_INSTANT = datetime(1900, 1, 1, tzinfo=UTC)
 LATEST_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
 
 
-@extend_schema_field(OpenApiTypes.DATETIME)
+# Any: DRF's stubs type the messages as text or lazy text, and dict is invariant.
+INSTANT_ERRORS: dict[str, Any] = {
+    "invalid": "Not an ISO 8601 date-time, e.g. 2026-12-01T09:00:00Z.",
+    "naive": "Give an offset or 'Z' (ISO 8601), e.g. 2026-12-01T09:00:00Z.",
+    "range": f"Must be from {EARLIEST_INSTANT.year} up to {LATEST_INSTANT.year} (UTC).",
+}
+
+
+class InstantInvalid(ValueError):
+    """Why a text is not an accepted instant; `code` is a key of INSTANT_ERRORS."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(INSTANT_ERRORS[code])
+        self.code = code
+
+
+def parse_instant(data: Any) -> datetime:
+    """An ISO 8601 text with an explicit offset or Z, as a UTC datetime within the accepted range.
+
+    One rule for bodies (AwareDateTimeField) and query strings (the list filters); raises InstantInvalid.
+    """
+    if not isinstance(data, str):
+        raise InstantInvalid("invalid")
+    try:
+        value = parse_datetime(data.strip())
+    except ValueError:
+        value = None
+    if value is None:
+        raise InstantInvalid("invalid")
+    if value.tzinfo is None:
+        raise InstantInvalid("naive")
+    try:
+        value = value.astimezone(UTC)
+    except OverflowError:
+        raise InstantInvalid("range") from None
+    if not EARLIEST_INSTANT <= value < LATEST_INSTANT:
+        raise InstantInvalid("range")
+    return value
+
+
 class AwareDateTimeField(serializers.Field):
     """ISO 8601 with an explicit offset or Z. A naive time is refused: guessing its zone loses fires."""
 
-    default_error_messages = {
-        "invalid": "Not an ISO 8601 date-time, e.g. 2026-12-01T09:00:00Z.",
-        "naive": "Give an offset or 'Z' (ISO 8601), e.g. 2026-12-01T09:00:00Z.",
-        "range": f"Must be from {EARLIEST_INSTANT.year} up to {LATEST_INSTANT.year} (UTC).",
-    }
+    default_error_messages = INSTANT_ERRORS
 
     def to_internal_value(self, data: Any) -> datetime:
-        if not isinstance(data, str):
-            self.fail("invalid")
         try:
-            value = parse_datetime(data.strip())
-        except ValueError:
-            value = None
-        if value is None:
-            self.fail("invalid")
-        if value.tzinfo is None:
-            self.fail("naive")
-        try:
-            value = value.astimezone(UTC)
-        except OverflowError:
-            self.fail("range")
-        if not EARLIEST_INSTANT <= value < LATEST_INSTANT:
-            self.fail("range")
-        return value
+            return parse_instant(data)
+        except InstantInvalid as exc:
+            self.fail(exc.code)
 
     def to_representation(self, value: datetime) -> str:
         return utc_text(value)
@@ -95,12 +120,40 @@ def _int_field(name: str) -> serializers.IntegerField:
     return serializers.IntegerField(required=False, min_value=low, max_value=high)
 
 
-def _choice_field(values: list[str]) -> serializers.ChoiceField:
+def _choice_field(choices: type[TextChoices]) -> serializers.ChoiceField:
     # The message names the choices, not the input: DRF's default echoes it, and an input holding an unpaired
-    # surrogate then fails to encode as the UTF-8 response (a 500 instead of a 400).
+    # surrogate then fails to encode as the UTF-8 response (a 500 instead of a 400). The model's own choices, so
+    # the API schema names one enum per set of values (KindEnum), whichever serializer shows it.
     return serializers.ChoiceField(
-        choices=values, required=False, error_messages={"invalid_choice": f"Must be one of: {', '.join(values)}."}
+        choices=choices.choices,
+        required=False,
+        error_messages={"invalid_choice": f"Must be one of: {', '.join(choices.values)}."},
     )
+
+
+# Text fields whose rules the services check (with messages that list what is accepted); distinct classes so the
+# API schema can show those rules (schedules/api/schema.py).
+class CronExpressionField(serializers.CharField):
+    """A cron expression or macro (schedules.cron_syntax)."""
+
+
+class HandlerNameField(serializers.CharField):
+    """The name of a registered handler (dispatch.handlers)."""
+
+
+class TimezoneNameField(serializers.CharField):
+    """An IANA time zone name (schedules.timerules.parse_timezone)."""
+
+
+def _of_its_json_type(field: serializers.Field, value: Any) -> bool:
+    """Text fields take JSON strings, integer fields JSON integers (5.0 is one too, a boolean is not)."""
+    if isinstance(field, serializers.CharField):
+        return isinstance(value, str)
+    if isinstance(field, serializers.IntegerField):
+        if isinstance(value, bool):
+            return False
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    return True
 
 
 def _printable(text: str) -> str:
@@ -112,19 +165,19 @@ class ScheduleInputSerializer(serializers.Serializer):
     """Create and PATCH bodies. Every field is optional here; required-ness depends on kind (services)."""
 
     name = serializers.CharField(required=False, max_length=200)
-    kind = _choice_field(Kind.values)
-    cron = serializers.CharField(required=False, allow_null=True, allow_blank=True, max_length=200)
+    kind = _choice_field(Kind)
+    cron = CronExpressionField(required=False, allow_null=True, allow_blank=True, max_length=200)
     run_at = AwareDateTimeField(required=False, allow_null=True)
-    timezone = serializers.CharField(required=False, max_length=64)
-    lane = _choice_field(Lane.values)
+    timezone = TimezoneNameField(required=False, max_length=64)
+    lane = _choice_field(Lane)
     flexible_window_seconds = _int_field("flexible_window_seconds")
     priority = _int_field("priority")
-    handler = serializers.CharField(required=False, max_length=100)
+    handler = HandlerNameField(required=False, max_length=100)
     payload = JSONObjectField(required=False)
-    misfire_policy = _choice_field(MisfirePolicy.values)
+    misfire_policy = _choice_field(MisfirePolicy)
     max_lateness_seconds = _int_field("max_lateness_seconds")
     catchup_limit = _int_field("catchup_limit")
-    overlap_policy = _choice_field(OverlapPolicy.values)
+    overlap_policy = _choice_field(OverlapPolicy)
     max_attempts = _int_field("max_attempts")
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
@@ -133,12 +186,27 @@ class ScheduleInputSerializer(serializers.Serializer):
             if unknown:
                 raise serializers.ValidationError({_printable(key): ["Unknown field."] for key in unknown})
             self._refuse_read_only_changes(data)
+            if not isinstance(data, QueryDict):
+                self._refuse_other_json_types(data)
         values = super().to_internal_value(data)
         kept = set(DEFINITION_FIELDS) | self.extra_keys()
         return {key: value for key, value in values.items() if key in kept}
 
     def extra_keys(self) -> set[str]:
         return set()
+
+    def _refuse_other_json_types(self, data: dict[str, Any]) -> None:
+        """A JSON body gives each field its own JSON type. DRF alone would read the number 5 as the name "5" and
+        the text "5" as the priority 5: input the API schema calls invalid. JSON calls 5.0 an integer too. (Form
+        input is all text; the fields parse it.)"""
+        errors = {}
+        for name, field in self.fields.items():
+            value = data.get(name)
+            # Absent or null: the field's own allow_null decides.
+            if value is not None and not _of_its_json_type(field, value):
+                errors[name] = [field.error_messages["invalid"]]
+        if errors:
+            raise serializers.ValidationError(errors)
 
     def _refuse_read_only_changes(self, data: dict[str, Any]) -> None:
         """Read-only keys may only repeat the stored value (context "current": the schedule as the API shows it);
@@ -183,7 +251,7 @@ class ScheduleSerializer(serializers.ModelSerializer):
         fields = ["id", *DEFINITION_FIELDS, "state", "version", "next_run_at", "created_at", "updated_at"]
         read_only_fields = fields
 
-    @extend_schema_field(OpenApiTypes.DATETIME)
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
     def get_next_run_at(self, schedule: Schedule) -> str | None:
         """The next fire not yet handed to the broker: the earliest pending occurrence, else the cursor (which
         runs a horizon ahead of the real next fire). None when nothing will fire."""
@@ -239,7 +307,7 @@ class OccurrenceSerializer(serializers.ModelSerializer):
 
 class InFlightSerializer(serializers.Serializer):
     occurrence_id = serializers.UUIDField()
-    state = serializers.CharField()
+    state = serializers.ChoiceField(choices=OccurrenceState.choices)
 
 
 class OccurrenceIdSerializer(serializers.Serializer):

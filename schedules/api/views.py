@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db.models import OuterRef, Subquery
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, MultiPartParser
@@ -16,9 +16,11 @@ from dispatch import occurrences as dispatch_occurrences
 from dispatch.models import Occurrence
 from dispatch.occurrences import pending_fires
 from schedules import services
-from schedules.api.filters import ScheduleFilter
+from schedules.api.filters import OccurrenceFilter, ScheduleFilter
 from schedules.api.parsers import BoundedJSONParser
+from schedules.api.schema import IDEMPOTENCY_KEY, errors
 from schedules.api.serializers import (
+    MAX_IDEMPOTENCY_KEY_LENGTH,
     InFlightSerializer,
     OccurrenceIdSerializer,
     OccurrenceSerializer,
@@ -33,7 +35,16 @@ from schedules.models import DEFINITION_FIELDS, Schedule, ScheduleState
 
 FiresSerializer = inline_serializer(
     name="Fires",
-    fields={"fires": serializers.ListField(child=serializers.DictField(child=serializers.CharField()))},
+    fields={
+        "fires": inline_serializer(
+            name="Fire",
+            fields={
+                "at": serializers.DateTimeField(help_text="The fire in UTC, with Z."),
+                "local": serializers.CharField(help_text="The same instant in the schedule's zone, with its offset."),
+            },
+            many=True,
+        )
+    },
 )
 CancelSerializer = inline_serializer(
     name="CancelResult", fields={"schedule": ScheduleSerializer(), "in_flight": InFlightSerializer(many=True)}
@@ -42,8 +53,6 @@ CancelSerializer = inline_serializer(
 
 PREVIEW_PLACEHOLDERS = {"name": "preview", "handler": "noop"}
 PARSERS = [BoundedJSONParser, FormParser, MultiPartParser]
-# The column that stores a create's key; a longer key would fail in the database rather than as a 400.
-MAX_IDEMPOTENCY_KEY_LENGTH: int = Schedule._meta.get_field("idempotency_key").max_length or 0
 
 
 def actor_of(request: Request) -> str:
@@ -61,11 +70,17 @@ def idempotency_key_of(request: Request) -> str | None:
     return key
 
 
+@extend_schema_view(
+    list=extend_schema(responses={200: ScheduleSerializer(many=True), **errors(404)}),
+    retrieve=extend_schema(responses={200: ScheduleSerializer, **errors(404)}),
+)
 class ScheduleViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     viewsets.GenericViewSet,
 ):
+    # For schema generation only (it has no request, so no tenant); every request goes through get_queryset().
+    queryset = Schedule.objects.none()
     serializer_class = ScheduleSerializer
     filterset_class = ScheduleFilter
     parser_classes = PARSERS
@@ -80,7 +95,15 @@ class ScheduleViewSet(
             .order_by("-created_at", "id")
         )
 
-    @extend_schema(request=ScheduleInputSerializer, responses={201: ScheduleSerializer, 200: ScheduleSerializer})
+    @extend_schema(
+        request=ScheduleInputSerializer,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={
+            201: ScheduleSerializer,
+            200: OpenApiResponse(ScheduleSerializer, description="A retry with the same Idempotency-Key and body."),
+            **errors(409, 413),
+        },
+    )
     def create(self, request: Request) -> Response:
         body = ScheduleInputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -96,7 +119,7 @@ class ScheduleViewSet(
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
 
-    @extend_schema(request=ScheduleInputSerializer, responses=ScheduleSerializer)
+    @extend_schema(request=ScheduleInputSerializer, responses={200: ScheduleSerializer, **errors(404, 409, 413)})
     def partial_update(self, request: Request, pk: str | None = None) -> Response:
         schedule = self.get_object()
         body = ScheduleInputSerializer(data=request.data, context={"current": ScheduleSerializer(schedule).data})
@@ -104,19 +127,19 @@ class ScheduleViewSet(
         schedule = services.update_schedule(schedule, body.validated_data, actor=actor_of(request))
         return Response(ScheduleSerializer(schedule).data)
 
-    @extend_schema(request=None, responses=ScheduleSerializer)
+    @extend_schema(request=None, responses={200: ScheduleSerializer, **errors(404, 409)})
     @action(detail=True, methods=["post"])
     def pause(self, request: Request, pk: str | None = None) -> Response:
         schedule = services.pause_schedule(self.get_object(), actor=actor_of(request))
         return Response(ScheduleSerializer(schedule).data)
 
-    @extend_schema(request=None, responses=ScheduleSerializer)
+    @extend_schema(request=None, responses={200: ScheduleSerializer, **errors(404, 409)})
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
         schedule = services.resume_schedule(self.get_object(), actor=actor_of(request))
         return Response(ScheduleSerializer(schedule).data)
 
-    @extend_schema(request=None, responses=CancelSerializer)
+    @extend_schema(request=None, responses={200: CancelSerializer, **errors(404)})
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         result = services.cancel_schedule(self.get_object(), actor=actor_of(request))
@@ -127,11 +150,11 @@ class ScheduleViewSet(
             }
         )
 
-    @extend_schema(request=None, responses=CancelSerializer)
+    @extend_schema(request=None, responses={200: CancelSerializer, **errors(404)}, description="The same as cancel.")
     def destroy(self, request: Request, pk: str | None = None) -> Response:
         return ScheduleViewSet.cancel(self, request, pk)
 
-    @extend_schema(parameters=[PreviewQuerySerializer], responses=FiresSerializer)
+    @extend_schema(parameters=[PreviewQuerySerializer], responses={200: FiresSerializer, **errors(404)})
     @action(detail=True, methods=["get"])
     def preview(self, request: Request, pk: str | None = None) -> Response:
         schedule = self.get_object()
@@ -148,7 +171,7 @@ class ScheduleViewSet(
             fires = services.preview_definition(definition, after=after, count=count, now=now)
         return Response(fires_json(fires, schedule.timezone))
 
-    @extend_schema(request=PreviewInputSerializer, responses=FiresSerializer)
+    @extend_schema(request=PreviewInputSerializer, responses={200: FiresSerializer, **errors(413)})
     @action(detail=False, methods=["post"], url_path="preview")
     def preview_unsaved(self, request: Request) -> Response:
         body = PreviewInputSerializer(data=request.data)
@@ -160,7 +183,9 @@ class ScheduleViewSet(
         fires = services.preview_definition(definition, after=after, count=body.validated_data["count"], now=now)
         return Response(fires_json(fires, definition["timezone"]))
 
-    @extend_schema(request=None, responses={202: OccurrenceIdSerializer})
+    @extend_schema(
+        request=None, parameters=[IDEMPOTENCY_KEY], responses={202: OccurrenceIdSerializer, **errors(404, 409)}
+    )
     @action(detail=True, methods=["post"])
     def trigger(self, request: Request, pk: str | None = None) -> Response:
         occurrence_id = services.trigger_schedule(
@@ -170,7 +195,7 @@ class ScheduleViewSet(
         )
         return Response({"occurrence_id": str(occurrence_id)}, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(responses=OccurrenceSerializer(many=True), filters=False)
+    @extend_schema(responses={200: OccurrenceSerializer(many=True), **errors(404)}, filters=False)
     @action(detail=True, methods=["get"])
     def occurrences(self, request: Request, pk: str | None = None) -> Response:
         schedule = self.get_object()
@@ -190,16 +215,31 @@ class ScheduleViewSet(
         return super().filter_queryset(queryset)
 
 
-class OccurrenceViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+@extend_schema_view(
+    list=extend_schema(responses={200: OccurrenceSerializer(many=True), **errors(404)}),
+    retrieve=extend_schema(responses={200: OccurrenceSerializer, **errors(404)}),
+)
+class OccurrenceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    queryset = Occurrence.objects.none()  # for schema generation only, as above
     serializer_class = OccurrenceSerializer
+    filterset_class = OccurrenceFilter
     lookup_field = "occurrence_id"
-    filter_backends: list = []
     parser_classes = PARSERS
 
     def get_queryset(self):
-        return Occurrence.objects.for_tenant(self.request.tenant).prefetch_related("attempts")
+        return (
+            Occurrence.objects.for_tenant(self.request.tenant)
+            .order_by("-scheduled_for", "occurrence_id")
+            .prefetch_related("attempts")
+        )
 
-    @extend_schema(request=None, responses={202: OccurrenceIdSerializer})
+    def filter_queryset(self, queryset):
+        # Filters apply to the occurrence list only: a detail or a replay finds its row whatever the query says.
+        if self.action != "list":
+            return queryset
+        return super().filter_queryset(queryset)
+
+    @extend_schema(request=None, responses={202: OccurrenceIdSerializer, **errors(404, 409)})
     @action(detail=True, methods=["post"])
     def replay(self, request: Request, occurrence_id: str | None = None) -> Response:
         occurrence = self.get_object()

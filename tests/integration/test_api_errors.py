@@ -415,3 +415,46 @@ def test_an_unknown_field_named_with_an_unpaired_surrogate_answers_400(api, cron
 
     assert response.status_code == 400
     assert list(response.json().values()) == [["Unknown field."]]
+
+
+# --- JSON types (the API schema's promise) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("field", "value"), [("name", 5), ("cron", 30), ("handler", 1.5), ("timezone", ["UTC"])])
+def test_a_text_field_given_another_json_type_answers_400(api, cron_body, field, value):
+    response = api.post(SCHEDULES, {**cron_body, field: value}, format="json")
+
+    assert_field_error(response, field)
+
+
+@pytest.mark.parametrize(("field", "value"), [("priority", "5"), ("max_attempts", True), ("catchup_limit", 2.5)])
+def test_an_integer_field_given_another_json_type_answers_400(api, cron_body, field, value):
+    response = api.post(SCHEDULES, {**cron_body, field: value}, format="json")
+
+    assert_field_error(response, field)
+
+
+def test_an_integer_written_with_a_zero_fraction_is_an_integer(api, cron_body):
+    response = api.post(SCHEDULES, {**cron_body, "priority": 5.0}, format="json")
+
+    assert response.status_code == 201, response.content
+    assert response.json()["priority"] == 5
+
+
+# --- answers in JSON, whatever failed --------------------------------------------------------------------
+
+
+def test_a_multipart_body_without_a_boundary_answers_400_in_json(api):
+    response = api.post(SCHEDULES, data=b"name=x", content_type="multipart/form-data")
+
+    assert response.status_code == 400
+    assert response["Content-Type"] == "application/json"
+    assert "detail" in response.json()
+
+
+@pytest.mark.parametrize("path", ["/api/v1/schedules/0.5/", "/api/v1/occurrences/a.b/replay/", "/api/v2/"])
+def test_a_path_no_route_matches_answers_404_in_json(api, path):
+    response = api.get(path)
+
+    assert response.status_code == 404
+    assert response.json() == {"detail": "Not found."}

@@ -1,0 +1,393 @@
+"""What the OpenAPI document says beyond what drf-spectacular infers: the error answers, the Idempotency-Key
+header, the accepted instants, handler names (an enum) and zone names, the cron syntax, and the rule that a `cron`
+schedule needs `cron` and a `once` schedule needs `run_at`.
+
+The schema is a contract that the fuzz test (tests/integration/test_api_schemathesis.py) holds the API to, so each
+rule here states what the API really accepts: a looser schema lets valid-looking input meet a 400, a stricter one
+lets input the schema forbids be accepted. Views import this module, which registers the extensions.
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import timedelta
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
+from drf_spectacular.plumbing import ResolvedComponent
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
+from rest_framework import serializers
+
+from dispatch.handlers import registered_names
+from schedules.api.serializers import EARLIEST_INSTANT, LATEST_INSTANT, MAX_IDEMPOTENCY_KEY_LENGTH
+from schedules.cron_syntax import MAX_CRON_LENGTH, cron_pattern
+from schedules.json_input import MAX_JSON_DEPTH
+from schedules.timerules import zone_names
+
+# --- text --------------------------------------------------------------------------------------------------
+
+# A string without U+0000: PostgreSQL cannot store it, and the API refuses it in every field and query parameter.
+NO_NUL = "^[^\\u0000]*$"
+# What str.strip() removes: DRF strips text fields before any rule sees them.
+_SPACE = "\\t-\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
+# A required text field: something besides white space, and no U+0000.
+NOT_BLANK = f"^[^\\u0000]*[^\\u0000{_SPACE}][^\\u0000]*$"
+BLANK = f"^[{_SPACE}]*$"
+
+
+def query_text(max_length: int) -> dict[str, Any]:
+    """A free-text query parameter (a list filter): at most `max_length` characters, no U+0000."""
+    return {"type": "string", "maxLength": max_length, "pattern": NO_NUL}
+
+
+# --- instants ----------------------------------------------------------------------------------------------
+
+
+def _instant_pattern() -> str:
+    """RFC 3339 date-times (upper-case T and Z, as Django parses them) from EARLIEST_INSTANT to LATEST_INSTANT.
+
+    A pattern cannot compare instants across offsets, so on the first and the last day of the range it leaves
+    out the offsets that could cross the bound; the rest of the range accepts any offset.
+    """
+    first, last = EARLIEST_INSTANT.year, (LATEST_INSTANT - timedelta(days=1)).year
+    assert (first, last) == (1900, 8999), "the year alternatives below spell out 1901-8998"
+    months = "(?:0[1-9]|1[0-2])"
+    days = "(?:0[1-9]|[12][0-9]|3[01])"
+    time = "T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?"
+    offset = "(?:[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+    any_offset = f"(?:Z|{offset})"
+    inner_years = "(?:19(?:0[1-9]|[1-9][0-9])|[2-7][0-9]{3}|8(?:[0-8][0-9]{2}|9(?:[0-8][0-9]|9[0-8])))"
+    options = [
+        f"{inner_years}-{months}-{days}{time}{any_offset}",
+        f"1900-(?:(?:0[2-9]|1[0-2])-{days}|01-(?:0[2-9]|[12][0-9]|3[01])){time}{any_offset}",
+        f"1900-01-01{time}(?:Z|[+-]00:00|-(?:[01][0-9]|2[0-3]):[0-5][0-9])",
+        f"8999-(?:(?:0[1-9]|1[01])-{days}|12-(?:0[1-9]|[12][0-9]|30)){time}{any_offset}",
+        f"8999-12-31{time}(?:Z|[+-]00:00|\\+(?:[01][0-9]|2[0-3]):[0-5][0-9])",
+    ]
+    return f"^(?:{'|'.join(options)})$"
+
+
+INSTANT = {
+    "type": "string",
+    "format": "date-time",
+    "pattern": _instant_pattern(),
+    "description": (
+        f"An instant as RFC 3339 with an offset or Z (a time without an offset is refused), from "
+        f"{EARLIEST_INSTANT:%Y-%m-%d} up to, not including, {LATEST_INSTANT:%Y-%m-%d} (UTC)."
+    ),
+}
+
+
+class AwareDateTimeFieldExtension(OpenApiSerializerFieldExtension):
+    target_class = "schedules.api.serializers.AwareDateTimeField"
+
+    def map_serializer_field(self, auto_schema, direction):
+        # Answers are always UTC with Z; input is held to the accepted range.
+        if direction == "response":
+            return {"type": "string", "format": "date-time"}
+        return dict(INSTANT)
+
+
+# --- names and expressions ---------------------------------------------------------------------------------
+
+
+class HandlerNameFieldExtension(OpenApiSerializerFieldExtension):
+    target_class = "schedules.api.serializers.HandlerNameField"
+
+    def map_serializer_field(self, auto_schema, direction):
+        # Read when the schema is generated: handler modules register themselves when the apps are ready.
+        return {"type": "string", "enum": registered_names()}
+
+
+def _zone_pattern() -> str:
+    """Every name parse_timezone accepts, grouped by area ("Europe/(?:Madrid|...)"), with the white space the
+    serializer strips around it.
+
+    A pattern rather than an enum of ~600 names: a client generated from an enum would pin one tzdata release,
+    and a fuzzer would spend its time sending each name (schemathesis's coverage phase sends every enum value).
+    """
+    areas: dict[str, list[str]] = {}
+    for name in zone_names():
+        area, _, place = name.rpartition("/")
+        areas.setdefault(area, []).append(place)
+    options = [
+        "|".join(map(_literal, places)) if not area else f"{_literal(area)}/(?:{'|'.join(map(_literal, places))})"
+        for area, places in sorted(areas.items())
+    ]
+    return f"^[{_SPACE}]*(?:{'|'.join(options)})[{_SPACE}]*$"
+
+
+def _literal(text: str) -> str:
+    # Zone names hold letters, digits, "_", "-", "/" and "+"; only "+" means something in a pattern.
+    return text.replace("+", "\\+")
+
+
+class TimezoneNameFieldExtension(OpenApiSerializerFieldExtension):
+    target_class = "schedules.api.serializers.TimezoneNameField"
+
+    def get_name(self):
+        return "TimeZone"
+
+    def map_serializer_field(self, auto_schema, direction):
+        return {
+            "type": "string",
+            "pattern": _zone_pattern(),
+            "description": "An IANA time zone name of the server's tzdata (the pattern lists them all).",
+            "default": "UTC",
+            "examples": ["UTC", "America/New_York", "Europe/Madrid", "Asia/Kolkata"],
+        }
+
+
+CRON_DESCRIPTION = (
+    "Five fields, minute hour day-of-month month day-of-week, each a comma list of '*', '*/n', a value, a range "
+    "'a-b' or 'a-b/n', with Vixie cron's values and names (jan-dec, sun-sat, any case; 7 is Sunday too); or a "
+    "macro (@yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly). The pattern states all of that. "
+    "Two rules it leaves to this text: a range ascends ('5-3' is refused), and when the day-of-week field starts "
+    "with '*', a selected day-of-month must occur in a selected month ('0 0 31 2 *' never fires and is refused). "
+    "When both day fields are restricted, a day matching either fires."
+)
+
+
+class CronExpressionFieldExtension(OpenApiSerializerFieldExtension):
+    target_class = "schedules.api.serializers.CronExpressionField"
+
+    def get_name(self):
+        return "CronExpression"
+
+    def map_serializer_field(self, auto_schema, direction):
+        return {
+            "type": "string",
+            "maxLength": MAX_CRON_LENGTH,
+            "pattern": cron_pattern(),
+            "description": CRON_DESCRIPTION,
+            "example": "30 2 * * *",
+        }
+
+
+class JSONObjectFieldExtension(OpenApiSerializerFieldExtension):
+    target_class = "schedules.api.serializers.JSONObjectField"
+
+    def map_serializer_field(self, auto_schema, direction):
+        # Any JSON value that PostgreSQL's jsonb stores: no U+0000 in a string or a key.
+        value = ResolvedComponent(
+            name="PayloadValue",
+            type=ResolvedComponent.SCHEMA,
+            object="PayloadValue",
+            schema={
+                "type": ["null", "boolean", "number", "string", "array", "object"],
+                "pattern": NO_NUL,
+                "items": {"$ref": "#/components/schemas/PayloadValue"},
+                "propertyNames": {"pattern": NO_NUL},
+                "additionalProperties": {"$ref": "#/components/schemas/PayloadValue"},
+            },
+        )
+        auto_schema.registry.register_on_missing(value)
+        return {
+            "type": "object",
+            "propertyNames": {"pattern": NO_NUL},
+            "additionalProperties": value.ref,
+            "description": (
+                "A JSON object handed to the handler: at most 64 KiB encoded as UTF-8, nested at most "
+                f"{MAX_JSON_DEPTH} levels deep, without U+0000 or unpaired surrogates."
+            ),
+        }
+
+
+# --- request bodies ----------------------------------------------------------------------------------------
+
+KIND_RULE = (
+    "A schedule of kind `cron` needs `cron` (and takes no `run_at`); one of kind `once` needs `run_at` (and takes "
+    "no `cron`). Unknown fields are refused."
+)
+
+
+def _text_rules(serializer: serializers.Serializer, schema: dict[str, Any]) -> None:
+    """Patterns for the plain text fields, as DRF reads them: stripped, no U+0000, not blank unless allowed."""
+    for name, field in serializer.fields.items():
+        if type(field) is serializers.CharField and name in schema["properties"]:
+            schema["properties"][name]["pattern"] = NO_NUL if field.allow_blank else NOT_BLANK
+
+
+class ScheduleInputExtension(OpenApiSerializerExtension):
+    """Create (and PATCH) bodies: one object per kind on create, every field optional on PATCH."""
+
+    target_class = "schedules.api.serializers.ScheduleInputSerializer"
+    # A create must say what to run and under which name; a preview fills both in.
+    required: tuple[str, ...] = ("name", "handler")
+    branch_names = {"cron": "CronScheduleInput", "once": "OnceScheduleInput"}
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        _text_rules(self.target, schema)
+        schema["additionalProperties"] = False
+        if auto_schema.method == "PATCH":
+            schema["description"] = (
+                "The fields to change. Read-only keys of a GET body (id, state, version, ...) may be sent back "
+                "unchanged and are then ignored; a changed value is refused. The merged definition must still keep "
+                f"the kind rule: {KIND_RULE}"
+            )
+            return schema
+        branches = {kind: self._branch(auto_schema, schema, kind) for kind in ("cron", "once")}
+        return {
+            "oneOf": [branch.ref for branch in branches.values()],
+            "discriminator": {
+                "propertyName": "kind",
+                "mapping": {kind: branch.ref["$ref"] for kind, branch in branches.items()},
+            },
+            "description": KIND_RULE,
+        }
+
+    def _branch(self, auto_schema, schema: dict[str, Any], kind: str) -> ResolvedComponent:
+        branch = copy.deepcopy(schema)
+        branch.pop("description", None)
+        properties = branch["properties"]
+        properties["kind"] = {"type": "string", "const": kind}
+        if kind == "cron":
+            properties["cron"] = {"$ref": "#/components/schemas/CronExpression"}
+            properties["run_at"] = {"type": "null"}
+            time_field = "cron"
+        else:
+            properties["run_at"] = dict(INSTANT)
+            # A `once` schedule has no expression: absent, null or blank.
+            properties["cron"] = {"type": ["string", "null"], "pattern": BLANK}
+            time_field = "run_at"
+        branch["required"] = [*self.required, "kind", time_field]
+        component = ResolvedComponent(
+            name=self.branch_names[kind], type=ResolvedComponent.SCHEMA, object=self.branch_names[kind], schema=branch
+        )
+        auto_schema.registry.register_on_missing(component)
+        return component
+
+
+class PreviewInputExtension(ScheduleInputExtension):
+    target_class = "schedules.api.serializers.PreviewInputSerializer"
+    required = ()
+    branch_names = {"cron": "CronPreviewInput", "once": "OncePreviewInput"}
+
+
+# --- errors ------------------------------------------------------------------------------------------------
+
+
+class ErrorSerializer(serializers.Serializer):
+    """An error in words: 401, 404, 409, 413, 429, and a 400 that is not about one field."""
+
+    detail = serializers.CharField()
+
+
+class ValidationErrorSerializer(serializers.Serializer):
+    """A 400: `{"field": ["message", ...]}` per field at fault, or `{"detail": "..."}` (malformed JSON)."""
+
+
+class ValidationErrorExtension(OpenApiSerializerExtension):
+    target_class = ValidationErrorSerializer
+
+    def map_serializer(self, auto_schema, direction):
+        error = auto_schema.resolve_serializer(ErrorSerializer, "response").ref
+        field_errors = {
+            "type": "object",
+            "minProperties": 1,
+            "additionalProperties": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        }
+        return {"anyOf": [error, field_errors], "description": ValidationErrorSerializer.__doc__}
+
+
+ERROR_DESCRIPTIONS = {
+    400: "Invalid input: field errors keyed by the field (or query parameter), or a `detail` for malformed input.",
+    401: "No token, an unknown token, or a token of another tenant.",
+    404: "No such resource for this tenant (another tenant's id is unknown here), or no such page.",
+    409: "The request contradicts the resource's state or an earlier request.",
+    413: "The request body is larger than the server accepts.",
+    429: "A quota or a request rate is used up; Retry-After says how many seconds to wait.",
+}
+# Every tenant call can meet these: a query string with U+0000 is refused before routing (400), the token is
+# checked and the request rate counted before anything else.
+ALWAYS = (400, 401, 429)
+
+
+def errors(*codes: int) -> dict[int, OpenApiResponse]:
+    """The error answers of an operation: `codes` and those of ALWAYS, each with its body schema."""
+    return {
+        code: OpenApiResponse(
+            response=ValidationErrorSerializer if code == 400 else ErrorSerializer,
+            description=ERROR_DESCRIPTIONS[code],
+        )
+        for code in sorted({*codes, *ALWAYS})
+    }
+
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    {"type": "string", "maxLength": MAX_IDEMPOTENCY_KEY_LENGTH},
+    OpenApiParameter.HEADER,
+    required=False,
+    description=(
+        "Makes a retry safe: the same key (for this tenant) returns the first answer instead of acting again."
+    ),
+)
+
+
+# --- the whole document ------------------------------------------------------------------------------------
+
+
+# Headers every answer with that status carries (OpenApiResponse has no headers of its own).
+ERROR_HEADERS = {
+    "401": {
+        "WWW-Authenticate": {
+            "required": True,
+            "schema": {"type": "string"},
+            "description": "`Token`: send `Authorization: Token <key>`.",
+        }
+    },
+    "429": {
+        "Retry-After": {
+            "required": True,
+            "schema": {"type": "integer", "minimum": 1},
+            "description": "Seconds to wait before trying again.",
+        }
+    },
+}
+
+
+def _null_as_type(schema: Any) -> None:
+    """OpenAPI 3.0's `nullable: true` as 3.1 says it (DRF's pagination schema still writes the former, which a
+    3.1 validator ignores, so `"next": null` would break the documented shape)."""
+    if isinstance(schema, list):
+        for item in schema:
+            _null_as_type(item)
+    elif isinstance(schema, dict):
+        if schema.pop("nullable", False) and isinstance(schema.get("type"), str):
+            schema["type"] = [schema["type"], "null"]
+        for value in schema.values():
+            _null_as_type(value)
+
+
+def _ignored_when_empty() -> set[str]:
+    """Query parameters that an empty value leaves out (`?state=`): django-filter's filters and the page number
+    read "" as not given. Other parameters (a preview's `after`, `count`) refuse it."""
+    # Imported here: the filters module imports this one for its parameter schemas.
+    from schedules.api.filters import OccurrenceFilter, ScheduleFilter
+
+    return {"page", *ScheduleFilter.base_filters, *OccurrenceFilter.base_filters}
+
+
+def finish(result: dict[str, Any], generator, request, public) -> dict[str, Any]:
+    """Postprocessing hook, after drf-spectacular's enum hook: `nullable` as a type, bodies required, empty list
+    filters, and the headers of the error answers."""
+    _null_as_type(result.get("components", {}))
+    optional_when_empty = _ignored_when_empty()
+    for path_item in result.get("paths", {}).values():
+        for method, operation in path_item.items():
+            if "requestBody" in operation and method != "patch":
+                # A create or a preview without a body misses its required fields; a PATCH may send none.
+                operation["requestBody"]["required"] = True
+            for parameter in operation.get("parameters", []):
+                if method == "get" and parameter["in"] == "query" and parameter["name"] in optional_when_empty:
+                    parameter["allowEmptyValue"] = True
+            for status_code, headers in ERROR_HEADERS.items():
+                response = operation.get("responses", {}).get(status_code)
+                if response is not None:
+                    response.setdefault("headers", {}).update(copy.deepcopy(headers))
+    return result
+
+
+__all__ = ["IDEMPOTENCY_KEY", "INSTANT", "errors", "finish", "query_text"]
