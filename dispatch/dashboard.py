@@ -236,7 +236,7 @@ def stacked_bars(stacks: list[tuple[str, str, list[int]]], minutes: list[datetim
     bar_w = plot_w / len(minutes)
     parts = _frame(top, "", _time_labels(minutes), counts=True)
     for n in range(len(minutes)):
-        y = TOP + plot_h
+        y = float(TOP + plot_h)
         for state, color, counts in stacks:
             if counts[n]:
                 h = plot_h * counts[n] / top
@@ -245,7 +245,7 @@ def stacked_bars(stacks: list[tuple[str, str, list[int]]], minutes: list[datetim
                     f'<rect x="{LEFT + n * bar_w:.1f}" y="{y:.1f}" width="{max(1.0, bar_w - 1):.1f}" height="{h:.1f}"'
                     f' fill="{color}"><title>{escape(state)}: {counts[n]}</title></rect>'
                 )
-    legend_x = LEFT + 6
+    legend_x = LEFT + 6.0
     for state, color, _ in stacks:
         parts.append(f'<rect x="{legend_x}" y="{TOP + 2}" width="8" height="8" fill="{color}"/>')
         parts.append(f'<text x="{legend_x + 11}" y="{TOP + 10}" class="legend">{escape(state)}</text>')

@@ -178,7 +178,8 @@ class Relay:
         usual reason a message comes back."""
         for queue in ALL_QUEUES:
             # Durable, with the same arguments as the Celery workers declare them (dispatch.queues.queue_arguments).
-            await self.channel.declare_queue(queue, durable=True, arguments=queue_arguments() or None)
+            arguments: Any = queue_arguments() or None
+            await self.channel.declare_queue(queue, durable=True, arguments=arguments)
 
     async def close(self) -> None:
         if self._broker is not None:
