@@ -171,7 +171,10 @@ def _frame(max_value: float, unit: str, x_labels: list[tuple[float, str]], *, co
     for fraction in (0.0, 0.5, 1.0):
         y = TOP + plot_h * (1 - fraction)
         value = max_value * fraction
-        label = f"{value:,.0f}{unit}" if counts or max_value >= 10 else f"{value:.2f}{unit}"
+        if counts or max_value >= 10:
+            label = f"{value:,.0f}{unit}"
+        else:
+            label = f"{value:.{2 if max_value >= 0.1 else 3}f}{unit}"
         parts.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{WIDTH}" y2="{y:.1f}" class="grid"/>')
         parts.append(f'<text x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end" class="tick">{escape(label)}</text>')
     for x, text in x_labels:
