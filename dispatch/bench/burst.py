@@ -36,8 +36,11 @@ from tenants.services import provision_tenant
 logger = logging.getLogger(__name__)
 
 BENCH_TENANT_PREFIX = "bench-"
-BENCH_STRICT_QUEUE = "bench.scheduler.strict"
-BENCH_FLEXIBLE_QUEUE = "bench.scheduler.flexible"
+# Named after the database: two benches (or a bench and a test run) on one broker, each on its own database, must
+# never share a queue (one's workers would consume, and drop, the other's envelopes; its cleanup would delete them).
+_BENCH_DB = str(settings.DATABASES["default"]["NAME"])
+BENCH_STRICT_QUEUE = f"bench.{_BENCH_DB}.strict"
+BENCH_FLEXIBLE_QUEUE = f"bench.{_BENCH_DB}.flexible"
 # Bench tenants' quotas, far above anything a run reaches.
 UNTHROTTLED: dict[str, Any] = {
     "max_schedules": 10**9,

@@ -9,10 +9,6 @@ from pathlib import Path
 
 import pytest
 
-# Playwright's sync API runs an event loop on the test's thread; the ORM calls the tests make between browser steps
-# are still plain synchronous code, which Django would otherwise refuse there.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu"]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "img"
 
@@ -24,16 +20,27 @@ def chromium_path() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator:
+    """Module-scoped: Playwright's sync API keeps an event loop running on this thread while it is open, and later
+    tests that call asyncio.run() (the relay's) must not find it. The ORM calls these tests make between browser
+    steps are plain synchronous code, which Django would refuse under that loop without DJANGO_ALLOW_ASYNC_UNSAFE."""
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_FLAGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_FLAGS)
+            try:
+                yield browser
+            finally:
+                browser.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
 @pytest.fixture

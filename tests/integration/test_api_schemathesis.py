@@ -128,4 +128,9 @@ def test_the_fuzzed_schema_is_the_one_the_api_serves(tenant_a):
     response = APIClient(HTTP_HOST=tenant_a.domain).get("/api/v1/schema/", {"format": "json"})
 
     assert response.status_code == 200
-    assert response.json() == json.loads(json.dumps(SPEC))
+    # Other test modules register handlers of their own after this module built SPEC at import: the handler enum
+    # may have grown since, and only that may differ.
+    served, fuzzed = response.json(), json.loads(json.dumps(SPEC))
+    for document in (served, fuzzed):
+        document["components"]["schemas"].pop("HandlerEnum", None)
+    assert served == fuzzed
