@@ -190,6 +190,9 @@ class ProcessHeartbeat(models.Model):
     role = models.CharField(max_length=20)
     started_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField()
+    # The process's wall clock minus PostgreSQL's when it wrote its heartbeat (late by the one-way network delay):
+    # decisions use PostgreSQL's clock, this finds a host whose clock is off before its logs mislead anyone.
+    clock_skew_seconds = models.FloatField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.role} {self.name}"

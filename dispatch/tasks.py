@@ -19,8 +19,8 @@ from celery.signals import task_rejected, task_unknown, worker_process_shutdown,
 from celery.worker.strategy import default as default_strategy
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connection, connections
-from prometheus_client import Counter as MetricCounter
 
+from dispatch import counters
 from dispatch.engine import worker
 from dispatch.engine.leases import stop_lease_renewer
 from dispatch.engine.timer import PriorityTimer, TimerClosed
@@ -28,11 +28,11 @@ from dispatch.envelopes import RUN_ENVELOPE_TASK, MalformedEnvelope, decode_cont
 
 logger = logging.getLogger(__name__)
 
+ROLE = "worker"
+
 # Pause before handing an envelope back to the broker after a database failure, so a database outage does not
 # turn into a hot redelivery loop.
 REQUEUE_PAUSE_SECONDS = 1.0
-
-DROPPED_MESSAGES = MetricCounter("scheduler_worker_dropped_messages", "Messages logged and dropped.", ["reason"])
 
 
 def guarded_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Any:
@@ -97,7 +97,7 @@ def run_envelope(self, envelope: Any = None, *unexpected_args: Any, **unexpected
             )
         pairs = decode_content(envelope)
     except MalformedEnvelope as exc:
-        DROPPED_MESSAGES.labels("malformed_envelope").inc()
+        counters.WORKER_DROPPED_MESSAGES.labels("malformed_envelope").inc()
         logger.error(
             "dropped malformed envelope (task %s): %s",
             self.request.id,
@@ -106,7 +106,7 @@ def run_envelope(self, envelope: Any = None, *unexpected_args: Any, **unexpected
         )
         return {}
     worker_name = f"{self.request.hostname or socket.gethostname()}/{os.getpid()}"
-    outcomes = envelope_runner().run(pairs, worker_name)
+    outcomes = envelope_runner(worker_name).run(pairs, worker_name)
     retry = outcomes.get("db_error", 0) + outcomes.get("not_run", 0)
     if retry:
         logger.error(
@@ -229,12 +229,15 @@ _runner_pid: int | None = None
 _runner_lock = threading.Lock()
 
 
-def envelope_runner() -> EnvelopeRunner:
-    """This process's runner, created on first use (in a prefork child, after the fork)."""
+def envelope_runner(worker_name: str) -> EnvelopeRunner:
+    """This process's runner, created on first use (in a prefork child, after the fork). `worker_name` is the name
+    its attempts carry; its heartbeat carries the same, so the console can tell which process holds which runs."""
     global _runner, _runner_pid
     with _runner_lock:
         if _runner is None or _runner_pid != os.getpid():
             _runner, _runner_pid = EnvelopeRunner(settings.SCHEDULER_WORKER_THREADS), os.getpid()
+            # A pool process has no loop of its own: its flusher thread also keeps its heartbeat.
+            counters.start_flushing(settings.SCHEDULER_HEARTBEAT_SECONDS, heartbeat=lambda: (worker_name[:200], ROLE))
         return _runner
 
 
@@ -246,6 +249,7 @@ def shutdown() -> None:
     if runner is not None and _runner_pid == os.getpid():
         runner.close()
     stop_lease_renewer()
+    counters.stop_flushing()
 
 
 @worker_process_shutdown.connect
@@ -261,14 +265,14 @@ def _on_worker_shutdown(**_: Any) -> None:
 @task_unknown.connect
 def _on_unknown_task(name: str | None = None, **kwargs: Any) -> None:
     # Celery has already logged the body and rejected the message (dropped: our queues have no dead-letter exchange).
-    DROPPED_MESSAGES.labels("unknown_task").inc()
+    counters.WORKER_DROPPED_MESSAGES.labels("unknown_task").inc()
     logger.error("dropped message of unknown task %r (id %s)", name, kwargs.get("id"), extra={"action": "unknown_task"})
 
 
 @task_rejected.connect
 def _on_rejected(message: Any = None, exc: Exception | None = None, **_: Any) -> None:
     # Celery has already logged the message (and, for a decodable one, why it is no task) and rejected it.
-    DROPPED_MESSAGES.labels("invalid_message").inc()
+    counters.WORKER_DROPPED_MESSAGES.labels("invalid_message").inc()
     logger.error(
         "dropped a message that is not a task: %s",
         exc if exc is not None else "no task header",

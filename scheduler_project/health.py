@@ -1,4 +1,10 @@
-"""Liveness of what the product depends on: /healthz answers 200 only when PostgreSQL and RabbitMQ answer."""
+"""/healthz: whether the platform keeps its promise now, not only whether the web process runs.
+
+200 `ok` only when PostgreSQL and RabbitMQ answer, a materializer and a relay wrote a heartbeat recently, and no
+active cursor is more than SCHEDULER_HEALTH_BEHIND_SECONDS in the past. Otherwise 503: `unavailable` when the
+database or the broker is down, `degraded` when they answer but fires would not go out on time, with the reasons.
+A readiness and alerting signal for the platform; restarting the web process would mend none of these.
+"""
 
 from __future__ import annotations
 
@@ -10,20 +16,27 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 from kombu import Connection
 
+from dispatch.metrics import live_heartbeat_seconds
+from dispatch.sql import metrics as metrics_sql
+
 logger = logging.getLogger(__name__)
 
 # Short: a health probe that hangs is worse than one that says "down".
 BROKER_TIMEOUT_SECONDS = 2.0
 
 
-def _database_ok() -> bool:
+def _engine() -> tuple[int, int, float] | None:
+    """(live materializers, live relays, seconds the earliest cursor is behind now), or None: database down."""
     try:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        return True
+            cursor.execute(
+                metrics_sql.HEALTH_PROBE, {"ttl": live_heartbeat_seconds(), "shards": settings.SCHEDULER_SHARDS}
+            )
+            materializers, relays, behind = cursor.fetchone()
+        return materializers, relays, float(behind or 0)
     except Exception:
         logger.warning("health check: database unreachable", exc_info=True, extra={"action": "healthz"})
-        return False
+        return None
 
 
 def _broker_ok() -> bool:
@@ -38,10 +51,26 @@ def _broker_ok() -> bool:
 
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
-    checks = {"database": _database_ok(), "broker": _broker_ok()}
-    healthy = all(checks.values())
-    body = {
-        "status": "ok" if healthy else "unavailable",
-        **{k: "ok" if v else "down" for k, v in checks.items()},
-    }
-    return JsonResponse(body, status=200 if healthy else 503)
+    engine = _engine()
+    broker = _broker_ok()
+    body: dict[str, object] = {"database": "ok" if engine else "down", "broker": "ok" if broker else "down"}
+    reasons = []
+    if not engine:
+        reasons.append("PostgreSQL does not answer")
+    if not broker:
+        reasons.append("RabbitMQ does not answer")
+    if engine:
+        materializers, relays, behind = engine
+        ttl = live_heartbeat_seconds()
+        body["materializer"] = "ok" if materializers else "silent"
+        body["relay"] = "ok" if relays else "silent"
+        limit = settings.SCHEDULER_HEALTH_BEHIND_SECONDS
+        body["materialization"] = "behind" if behind > limit else "ok"
+        if not materializers:
+            reasons.append(f"no materializer wrote a heartbeat in the last {ttl:.0f} s")
+        if not relays:
+            reasons.append(f"no relay wrote a heartbeat in the last {ttl:.0f} s")
+        if behind > limit:
+            reasons.append(f"the earliest active cursor is {behind:.0f} s behind now (limit {limit:.0f} s)")
+    status = "ok" if not reasons else ("unavailable" if not (engine and broker) else "degraded")
+    return JsonResponse({"status": status, **body, "reasons": reasons}, status=200 if status == "ok" else 503)

@@ -317,6 +317,11 @@ SCHEDULER_RELAY_STAGE_SECONDS = env_float("SCHEDULER_RELAY_STAGE_SECONDS", 1.0, 
 # --- Workers ---
 # Occurrences of one envelope run in parallel on this many threads per worker process.
 SCHEDULER_WORKER_THREADS = env_int("SCHEDULER_WORKER_THREADS", 8, minimum=1, maximum=256)
+# How often every process flushes its counters into PostgreSQL and writes its heartbeat (relays, worker pool
+# processes). /healthz and the console call a process silent after two shard leases without one.
+SCHEDULER_HEARTBEAT_SECONDS = env_float("SCHEDULER_HEARTBEAT_SECONDS", 5.0, minimum=0.1)
+# /healthz says "degraded" when the earliest active cursor is further than this behind now.
+SCHEDULER_HEALTH_BEHIND_SECONDS = env_float("SCHEDULER_HEALTH_BEHIND_SECONDS", 60.0, minimum=1.0)
 # A claim's lease; renewed every third of it by a heartbeat. A dead worker's occurrence is reclaimable after it.
 SCHEDULER_WORKER_LEASE_SECONDS = env_float("SCHEDULER_WORKER_LEASE_SECONDS", 30.0, minimum=1.0)
 # queue_one: how soon an occurrence waiting for its running predecessor is offered again.

@@ -80,6 +80,7 @@ class BurstBenchmark:
         self.out = out
         self.processes: list[tuple[str, subprocess.Popen]] = []
         self.tenant_ids: list[int] = []
+        self.materialize_rate: float | None = None
 
     def say(self, message: str) -> None:
         self.out.write(message + "\n")
@@ -464,6 +465,7 @@ class BurstBenchmark:
             "broker_messages": audit["messages"],
             "dispatch_per_s": round(stats["enqueued"] / max(stats["lag_max_s"], 1e-3), 1),
             "materialized_before_t0_s": materialized_at,
+            "materialize_per_s": self.materialize_rate,
             # Settling removes confirmed envelopes from the outbox as it goes: the stamps are the full count.
             "confirmed": max(confirmed, stats["enqueued"]),
             "peak_rss_mb": peaks,
@@ -491,11 +493,27 @@ class BurstBenchmark:
                 materialized = max(bar.n, self.counts()[0])
                 bar.update(materialized - bar.n)
                 if materialized >= total:
+                    self.materialize_rate = self._materialize_rate()
                     return round((t0 - db_now()).total_seconds(), 1)
                 if db_now() > t0 + timedelta(seconds=self.config.deadline_seconds):
                     return None
                 self._check_alive()
                 time.sleep(1.0)
+
+    def _materialize_rate(self) -> float | None:
+        """Schedules materialized per second: from the start of the first batch (the occurrences' created_at is the
+        batch's clock reading) to the commit of the last envelope (written at clock_timestamp()), all processes."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT EXTRACT(EPOCH FROM
+                    (SELECT max(created_at) FROM dispatch_outboxmessage WHERE tenant_id = ANY(%(t)s))
+                    - (SELECT min(created_at) FROM dispatch_occurrence WHERE tenant_id = ANY(%(t)s)))
+                """,
+                {"t": self.tenant_ids},
+            )
+            span = cursor.fetchone()[0]
+        return round(self.config.schedules / float(span), 1) if span else None
 
     def _wait_confirmed(self, t0: datetime) -> int:
         total = self.config.schedules

@@ -26,8 +26,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from prometheus_client import Counter
 
+from dispatch import counters
 from dispatch.engine.retry import deadline_of
 from dispatch.models import TERMINAL_STATES, OccurrenceState
 from dispatch.outbox import Fire, enqueue
@@ -42,10 +42,6 @@ logger = logging.getLogger(__name__)
 # not be mistaken for an early duplicate and dropped: that would strand the occurrence in retry_wait.
 EARLY_TOLERANCE = timedelta(seconds=1)
 
-CLAIMS = Counter("scheduler_worker_claims", "Occurrences claimed by a worker (attempts started).")
-DROPS = Counter(
-    "scheduler_worker_claim_drops", "Deliveries not run, by reason (duplicate = duplicate claim).", ["reason"]
-)
 # First deliveries: the misfire policy may still end them. Parked queue_one occurrences (retry_wait, attempt 0)
 # were judged when they were first delivered; what delays them since is the overlap policy, not an outage.
 FIRST_DELIVERY_STATES = (OccurrenceState.SCHEDULED, OccurrenceState.ENQUEUED)
@@ -343,6 +339,8 @@ def _claim(cursor, key: dict[str, Any], o: _Observed, worker_name: str) -> Claim
         transaction.set_rollback(True)
         return Drop("duplicate_attempt", o.state)
     payload = json.loads(o.payload) if isinstance(o.payload, str | bytes) else (o.payload or {})
+    if generation == 1 and not (o.forced or o.manual):
+        counters.START_LAG.labels(o.lane).observe(max(0.0, (o.now - o.available_at).total_seconds()))
     return Claim(
         occurrence_id=key["occurrence_id"],
         scheduled_for=key["scheduled_for"],
@@ -370,7 +368,7 @@ def _utc(instant: datetime) -> str:
 
 def _report_claim(occurrence_id: uuid.UUID, outcome: Claim | Drop) -> None:
     if isinstance(outcome, Claim):
-        CLAIMS.inc()
+        counters.WORKER_CLAIMS.inc()
         logger.info(
             "claimed occurrence %s generation %d (%s)",
             occurrence_id,
@@ -379,7 +377,11 @@ def _report_claim(occurrence_id: uuid.UUID, outcome: Claim | Drop) -> None:
             extra={"action": "claim", "occurrence_id": str(occurrence_id)},
         )
         return
-    DROPS.labels(outcome.reason).inc()
+    counters.WORKER_CLAIM_DROPS.labels(outcome.reason).inc()
+    if outcome.reason == "missed":
+        counters.MISSED.labels("claim").inc()
+    elif outcome.reason == "overlap_skipped":
+        counters.SKIPPED_OVERLAP.inc()
     # Duplicates, overlap skips and misfires are expected in an at-least-once system; a vanished id or a
     # contradicting attempt history is worth a warning.
     level = logging.WARNING if outcome.reason in ("unknown", "lost_race", "duplicate_attempt") else logging.INFO

@@ -23,8 +23,8 @@ from typing import Protocol
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
-from prometheus_client import Counter
 
+from dispatch import counters
 from dispatch.models import OccurrenceState
 from dispatch.outbox import Fire, enqueue
 from dispatch.quotas import release_running_slots
@@ -44,9 +44,6 @@ HEARTBEAT_TTL_LEASES = 2
 HEARTBEAT_PRUNE_TTLS = 10
 # Retry-budget minutes are kept this long after they passed, for an operator to look at; none is taken any more.
 RETRY_WINDOWS_KEPT_SECONDS = 3600
-
-REAPED = Counter("scheduler_worker_reaped", "Expired leases reaped, by resulting state.", ["state"])
-CANCEL_SIGNALS = Counter("scheduler_worker_cancel_signals", "Cancel events raised for running handlers.", ["reason"])
 
 
 class Leased(Protocol):
@@ -79,7 +76,7 @@ class Ticket:
     def signal(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
-            CANCEL_SIGNALS.labels(reason).inc()
+            counters.WORKER_CANCEL_SIGNALS.labels(reason).inc()
             logger.warning(
                 "cancelling handler of occurrence %s generation %d: %s",
                 self.claim.occurrence_id,
@@ -233,7 +230,7 @@ def reap_expired_leases(now: datetime | None = None, limit: int = 1000) -> int:
     if pruned > 0:
         logger.info("pruned %d heartbeats of dead processes", pruned, extra={"action": "prune_heartbeats"})
     for occurrence_id, _, _, _, _, state, generation, reason in rows:
-        REAPED.labels(state).inc()
+        counters.WORKER_REAPED.labels(state).inc()
         logger.warning(
             "lease of occurrence %s generation %d expired: now %s%s",
             occurrence_id,

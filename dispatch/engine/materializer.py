@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
+from dispatch import counters
 from dispatch.engine.faults import crash_point
 from dispatch.engine.leases import reap_expired_leases
 from dispatch.engine.loop import StopFlag, default_process_name, monotonic, run_loop
@@ -85,7 +86,7 @@ class Materializer:
         """Heartbeat, renew what we hold, then converge on a fair share: ceil(shards / live materializers)."""
         with connection.cursor() as cursor:
             cursor.execute(lease_sql.ENSURE_SHARD_ROWS, {"shards": self.shards})
-            cursor.execute(lease_sql.PROCESS_HEARTBEAT, {"name": self.name, "role": ROLE})
+            counters.write_heartbeat(cursor, self.name, ROLE)
             cursor.execute(
                 lease_sql.RENEW_SHARD_LEASES,
                 {
@@ -192,7 +193,13 @@ class Materializer:
             envelopes = self._insert_envelopes(cursor, plans, new_ids)
             self._advance_cursors(cursor, plans)
         crash_point("materializer.after_commit")
-        missed = sum(1 for p in plans for o in p.occurrences if o.state == OccurrenceState.MISSED)
+        planned = sum(len(p.occurrences) for p in plans)
+        missed = sum(
+            1 for p in plans for o in p.occurrences if o.state == OccurrenceState.MISSED and o.occurrence_id in new_ids
+        )
+        counters.MATERIALIZED.inc(len(new_ids))
+        counters.MATERIALIZER_CONFLICTS.inc(planned - len(new_ids))
+        counters.MISSED.labels("materialize").inc(missed)
         logger.info(
             "materialized %d schedules: %d new occurrences (%d missed) in %d envelopes",
             len(plans),
@@ -205,7 +212,7 @@ class Materializer:
             logger.info(
                 "deferred %d due schedules to the next batch: %d fires planned, bound %d",
                 len(rows) - len(plans),
-                sum(len(p.occurrences) for p in plans),
+                planned,
                 MAX_FIRES_PER_BATCH,
                 extra={"action": "materialize_deferred"},
             )
@@ -304,6 +311,7 @@ class Materializer:
         self.stop.install()
         self.verify_shard_count()
         logger.info("materializer %s starting", self.name, extra={"action": "start"})
+        counters.start_flushing(settings.SCHEDULER_HEARTBEAT_SECONDS)
         try:
             run_loop(
                 self.step,
@@ -318,4 +326,5 @@ class Materializer:
             except DatabaseError:
                 # The database is gone as we stop: the leases expire by themselves and peers take them over.
                 logger.warning("could not release leases on exit", extra={"action": "stop"})
+            counters.stop_flushing()
             logger.info("materializer %s stopped; leases released", self.name, extra={"action": "stop"})

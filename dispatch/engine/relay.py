@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aio_pika
@@ -24,6 +24,7 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from django.conf import settings
 from django.db import connection as django_connection
 
+from dispatch import counters
 from dispatch.engine.faults import crash_point
 from dispatch.engine.loop import Outage, StopFlag, default_process_name
 from dispatch.engine.timer import Claimed, PriorityTimer
@@ -31,6 +32,7 @@ from dispatch.envelopes import message_headers, task_id_for
 from dispatch.queues import ALL_QUEUES, STRICT_QUEUE, queue_arguments
 from dispatch.quotas import Demand, fair_shares, virtual_finish
 from dispatch.sql import DB_NOW
+from dispatch.sql import leases as lease_sql
 from dispatch.sql import outbox as outbox_sql
 from dispatch.sql import quotas as quota_sql
 
@@ -39,6 +41,9 @@ logger = logging.getLogger(__name__)
 ROLE = "relay"
 # How often settling runs while envelopes keep falling due (it always runs when nothing is due).
 SETTLE_EVERY_SECONDS = 1.0
+# The settle step's lag histograms share one set of buckets (dispatch/counters.py).
+_LAG_BUCKETS = {"bounds": list(counters.SCHEDULE_LAG.buckets), "les": counters.SCHEDULE_LAG.bucket_labels()}
+assert counters.SCHEDULE_LAG.buckets == counters.THROTTLED_LAG.buckets == counters.TENANT_SCHEDULE_LAG.buckets
 
 
 def database_conninfo() -> str:
@@ -131,6 +136,7 @@ class Relay:
         self._channel: AbstractChannel | None = None
         self._queues_declared = False
         self._last_settle = 0.0
+        self._next_heartbeat = 0.0
 
     # --- connections -------------------------------------------------------------------------------------------
 
@@ -396,6 +402,9 @@ class Relay:
             raise PublishFailed(f"none of {failed} due envelopes could be published")
         self.stats.published_envelopes += len(ids)
         self.stats.published_occurrences += occurrences
+        counters.RELAY_PUBLISHED_ENVELOPES.inc(len(ids))
+        counters.RELAY_PUBLISHED_OCCURRENCES.inc(occurrences)
+        counters.RELAY_FAILED_PUBLISHES.inc(failed)
         logger.debug("published %d envelopes (%d occurrences)", len(ids), occurrences, extra={"action": "publish"})
         return len(staged)
 
@@ -414,6 +423,7 @@ class Relay:
                 if claim.task_id in withdrawn:
                     timer.complete(claim, ok=False)
             self.stats.withdrawn_envelopes += len(withdrawn)
+            counters.RELAY_WITHDRAWN_ENVELOPES.inc(len(withdrawn))
             logger.info("dropped %d withdrawn envelopes", len(withdrawn), extra={"action": "drop_withdrawn"})
 
     async def _publish(self, envelope: StagedEnvelope) -> float:
@@ -434,11 +444,10 @@ class Relay:
     async def settle(self) -> int:
         """Copy confirmation stamps onto occurrences (scheduled → enqueued) and drop settled envelopes."""
         async with self.db.transaction():
-            cursor = await self.db.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": self.settle_batch})
-            settled = cursor.rowcount
+            settled = await self._scalar(outbox_sql.SETTLE_PUBLISHED, {"limit": self.settle_batch, **_LAG_BUCKETS})
         if settled > 0:
             self.stats.settled_envelopes += 1
-        return max(settled, 0)
+        return settled
 
     async def seconds_until_due(self) -> float:
         """How long to sleep: until the earliest unpublished envelope is due (PostgreSQL's clock), capped."""
@@ -449,6 +458,28 @@ class Relay:
             return self.max_idle
         # Wake when the earliest envelope enters the staging lead, so it is in memory before its instant.
         return min(self.max_idle, max(0.0, float(row[0]) - self.stage_seconds))
+
+    async def heartbeat(self) -> None:
+        """Every SCHEDULER_HEARTBEAT_SECONDS, in a short transaction of its own: this relay's loop is alive (the
+        console and /healthz read it), with its clock skew. Written by the loop itself, so a frozen loop goes
+        silent."""
+        if time.monotonic() < self._next_heartbeat:
+            return
+        async with self.db.transaction():
+            await self.db.execute(
+                lease_sql.PROCESS_HEARTBEAT,
+                {"name": self.name, "role": ROLE, "process_now": datetime.now(UTC)},
+            )
+        self._next_heartbeat = time.monotonic() + settings.SCHEDULER_HEARTBEAT_SECONDS
+
+    async def forget_heartbeat(self) -> None:
+        if self._db is None or self._db.closed or self._db.broken:
+            return
+        try:
+            async with self.db.transaction():
+                await self.db.execute(lease_sql.FORGET_PROCESS, {"name": self.name})
+        except psycopg.Error:
+            logger.debug("could not forget the heartbeat of %s", self.name, exc_info=True)
 
     # --- process -----------------------------------------------------------------------------------------------
 
@@ -462,6 +493,7 @@ class Relay:
             while not self.stop.is_set:
                 try:
                     await self.connect()
+                    await self.heartbeat()
                     did_work = await self.step()
                     outage.succeeded()
                     if did_work:
@@ -481,6 +513,7 @@ class Relay:
                     if self._channel is not None and self._channel.is_closed:
                         self._channel = None
         finally:
+            await self.forget_heartbeat()
             await self.close()
             logger.info("relay %s stopped: %s", self.name, self.stats, extra={"action": "stop"})
 
@@ -492,7 +525,11 @@ class Relay:
 
     def run(self, *, once: bool = False) -> None:
         self.stop.install()
-        asyncio.run(self.run_async(once=once))
+        counters.start_flushing(settings.SCHEDULER_HEARTBEAT_SECONDS)
+        try:
+            asyncio.run(self.run_async(once=once))
+        finally:
+            counters.stop_flushing()
 
 
 def _envelope_id(claim: Claimed) -> int:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from prometheus_client import Counter
 
+from dispatch import counters
 from dispatch.errors import CanceledError, PermanentError, TransientError
 from dispatch.models import OccurrenceState
 from dispatch.sql import claims as claim_sql
@@ -25,10 +25,6 @@ BUDGET_WINDOW = timedelta(minutes=1)
 # Full minutes read ahead in one query when looking for the first one with room (a day at most): after a retry
 # storm the next free minute may lie far ahead, and probing minute by minute would cost a round trip each.
 BUDGET_SCAN_MINUTES = 1440
-
-RETRIES_LIMITED = Counter(
-    "scheduler_worker_retries_limited", "Retries delayed by the tenant budget or ended by the deadline.", ["limit"]
-)
 
 
 @dataclass(frozen=True)
@@ -86,15 +82,15 @@ def plan_retry(cursor, *, tenant_id: int, scheduled_for: datetime, forced: bool,
     """
     deadline = deadline_of(scheduled_for, forced=forced)
     if deadline is not None and desired > deadline:
-        RETRIES_LIMITED.labels("deadline").inc()
+        counters.WORKER_RETRIES_LIMITED.labels("deadline").inc()
         return RetryPlan(OccurrenceState.DEAD, None, "deadline passed")
     retry_at, cap = take_retry_slot(cursor, tenant_id=tenant_id, desired=desired)
     if deadline is not None and retry_at > deadline:
         # The slot taken stays counted: the minute is one retry stricter than it needs to be, never looser.
-        RETRIES_LIMITED.labels("deadline").inc()
+        counters.WORKER_RETRIES_LIMITED.labels("deadline").inc()
         return RetryPlan(OccurrenceState.DEAD, None, "deadline passed")
     if retry_at > desired:
-        RETRIES_LIMITED.labels("tenant_budget").inc()
+        counters.WORKER_RETRIES_LIMITED.labels("tenant_budget").inc()
         logger.info(
             "retry of tenant %s delayed %.1f s by its budget of %d per minute",
             tenant_id,

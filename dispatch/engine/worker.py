@@ -26,8 +26,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from prometheus_client import Counter, Histogram
 
+from dispatch import counters
 from dispatch.engine.claims import EARLY_TOLERANCE, Claim, Drop, schedule_withdraws, try_claim, withdrawal_reason
 from dispatch.engine.faults import crash_point
 from dispatch.engine.leases import lease_renewer
@@ -53,9 +53,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-COMPLETIONS = Counter("scheduler_worker_completions", "Attempt completions by resulting state.", ["outcome"])
-HANDLER_SECONDS = Histogram("scheduler_worker_handler_seconds", "Handler run time.", ["handler"])
 
 
 @dataclass(frozen=True)
@@ -118,7 +115,7 @@ def run_claimed(claim: Claim, cancel_event: threading.Event | None = None, *, re
             cancel_reason=ticket.reason if ticket else None,
         )
     finally:
-        HANDLER_SECONDS.labels(claim.handler).observe(time.monotonic() - started)
+        counters.WORKER_HANDLER_SECONDS.labels(claim.handler).observe(time.monotonic() - started)
         if ticket is not None:
             lease_renewer().unregister(ticket)
 
@@ -210,7 +207,9 @@ def complete(claim: Claim, result: RunResult, now: datetime | None = None) -> st
             # Last statement: the tenant's running slot goes back with the state change (see dispatch/sql/quotas).
             release_running_slots(cursor, [claim.tenant_id])
     outcome = "fenced" if fenced else str(new_state)
-    COMPLETIONS.labels(outcome).inc()
+    counters.WORKER_COMPLETIONS.labels(outcome).inc()
+    if outcome == OccurrenceState.RETRY_WAIT:
+        counters.WORKER_RETRIES.inc()
     logger.log(
         logging.WARNING if fenced or new_state == OccurrenceState.DEAD else logging.INFO,
         "occurrence %s generation %d: %s%s%s",

@@ -28,11 +28,15 @@ SELECT GREATEST(
         ORDER BY shard DESC LIMIT 1) AS top))
 """
 
-# Presence of materializer processes, so a newcomer is counted in the fair share before it holds a shard.
+# Presence of a process (materializers: so a newcomer is counted in the fair share before it holds a shard; relays
+# and workers: for /healthz and the console). The process sends its own wall clock: the difference from
+# PostgreSQL's is its clock skew (late by the one-way network delay), NULL when it sent none.
 PROCESS_HEARTBEAT = """
-INSERT INTO dispatch_processheartbeat (name, role, started_at, heartbeat_at)
-VALUES (%(name)s, %(role)s, clock_timestamp(), clock_timestamp())
-ON CONFLICT (name) DO UPDATE SET heartbeat_at = clock_timestamp(), role = EXCLUDED.role
+INSERT INTO dispatch_processheartbeat AS h (name, role, started_at, heartbeat_at, clock_skew_seconds)
+VALUES (%(name)s, %(role)s, clock_timestamp(), clock_timestamp(),
+        EXTRACT(EPOCH FROM %(process_now)s::timestamptz - clock_timestamp()))
+ON CONFLICT (name) DO UPDATE SET heartbeat_at = clock_timestamp(), role = EXCLUDED.role,
+                                 clock_skew_seconds = EXCLUDED.clock_skew_seconds
 """
 
 LIVE_PROCESSES = """

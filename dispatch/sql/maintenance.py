@@ -97,67 +97,6 @@ ORDER BY scheduled_for
 LIMIT %(limit)s
 """
 
-# --- metrics (read at scrape time) ---------------------------------------------------------------------------------
-
-METRICS_OUTBOX = """
-SELECT count(*) FILTER (WHERE published_at IS NULL),
-       coalesce(sum(cardinality(occurrence_ids)) FILTER (WHERE published_at IS NULL), 0),
-       coalesce(EXTRACT(EPOCH FROM clock_timestamp() - min(available_at) FILTER (WHERE published_at IS NULL)), 0),
-       count(*) FILTER (WHERE published_at IS NOT NULL)
-FROM dispatch_outboxmessage
-"""
-
-METRICS_RECENT_STATES = """
-SELECT lane, state, count(*) FROM dispatch_occurrence
-WHERE scheduled_for >= clock_timestamp() - make_interval(secs => %(window)s) AND scheduled_for <= clock_timestamp()
-GROUP BY lane, state
-"""
-
-METRICS_RECENT_LAG = """
-SELECT lane, throttled,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY lag),
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY lag),
-       max(lag)
-FROM (SELECT lane, throttled, EXTRACT(EPOCH FROM enqueued_at - available_at) AS lag FROM dispatch_occurrence
-      WHERE scheduled_for >= clock_timestamp() - make_interval(secs => %(window)s) AND enqueued_at IS NOT NULL) AS l
-GROUP BY lane, throttled
-"""
-
-# The tenants' quota counters (dispatch/sql/quotas.py), busiest first and bounded: a label per tenant is fine for
-# the tenants that are throttled or running now, not for every tenant of a large platform.
-METRICS_TENANT_QUOTAS = """
-SELECT t.slug, COALESCE(b.dispatched_fires, 0), COALESCE(b.throttled_fires, 0), COALESCE(r.running, 0),
-       COALESCE(r.throttled_claims, 0)
-FROM tenants_tenant AS t
-LEFT JOIN dispatch_tenant_fire_bucket AS b ON b.tenant_id = t.id
-LEFT JOIN dispatch_tenant_running AS r ON r.tenant_id = t.id
-WHERE b.tenant_id IS NOT NULL OR r.tenant_id IS NOT NULL
-ORDER BY COALESCE(b.throttled_fires, 0) + COALESCE(r.throttled_claims, 0) DESC, COALESCE(r.running, 0) DESC, t.slug
-LIMIT %(limit)s
-"""
-
-# Loose index scan: one probe per shard on schedule_due_by_shard instead of a scan of every active schedule.
-METRICS_CURSOR_BEHIND = """
-SELECT coalesce(EXTRACT(EPOCH FROM clock_timestamp() - min(first_due)), 0)
-FROM generate_series(0, %(shards)s - 1) AS s(shard),
-LATERAL (SELECT next_run_at AS first_due FROM schedules_schedule
-         WHERE shard = s.shard AND state = 'active' AND next_run_at IS NOT NULL
-         ORDER BY next_run_at LIMIT 1) AS f
-"""
-
-METRICS_DEAD_AND_LEASES = """
-SELECT (SELECT count(*) FROM dispatch_occurrence WHERE state = 'dead'),
-       (SELECT count(*) FROM dispatch_occurrence WHERE state = 'running'),
-       (SELECT count(*) FROM dispatch_occurrence WHERE state = 'running' AND lease_expires_at < clock_timestamp())
-"""
-
-METRICS_LIVE_PROCESSES = """
-SELECT role, count(*) FROM dispatch_processheartbeat
-WHERE heartbeat_at > clock_timestamp() - interval '60 seconds' GROUP BY role
-"""
-
-
 # --- day partitions (dispatch/partitions.py) ---------------------------------------------------------------------
 
 # The day partitions of a parent table, by name (`<table>_pYYYYMMDD`); the DEFAULT partition does not match.

@@ -127,11 +127,12 @@ def test_the_public_host_does_not_serve_the_tenant_api(tenant_a, host):
     assert client.get(SCHEDULES).status_code == 404
 
 
-def test_the_public_host_answers_healthz_with_database_and_broker_ok(db):
-    response = APIClient(HTTP_HOST="localhost").get("/healthz")
+def test_the_public_host_and_a_tenant_host_answer_healthz_with_database_and_broker_ok(tenant_a):
+    for host in ("localhost", tenant_a.domain):
+        body = APIClient(HTTP_HOST=host).get("/healthz").json()
 
-    assert response.status_code == 200
-    assert response.json() == {"status": "ok", "database": "ok", "broker": "ok"}
+        # No materializer or relay runs in this test: the platform is degraded, its backends answer.
+        assert (body["database"], body["broker"], body["status"]) == ("ok", "ok", "degraded")
 
 
 def test_the_openapi_schema_is_served_on_a_tenant_host(tenant_a):

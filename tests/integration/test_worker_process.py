@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import connection
+from django.test import Client as DjangoClient
 from kombu import Connection, Exchange, Queue
 
 from dispatch.engine.leases import reap_expired_leases
@@ -63,6 +64,8 @@ class WorkerProcess:
             "SCHEDULER_HANDLER_MODULES": "tests.handlers",
             "SCHEDULER_WORKER_LEASE_SECONDS": str(LEASE_SECONDS),
             "SCHEDULER_LOG_LEVEL": "INFO",
+            # Counts reach PostgreSQL (and /metrics) within half a second.
+            "SCHEDULER_HEARTBEAT_SECONDS": "0.5",
             "PYTHONPATH": str(ROOT),
         }
         # No -Q: with the defaults the worker must consume both lanes. Mingle and gossip only slow the start.
@@ -174,6 +177,12 @@ def publish_outbox(envelope: OutboxMessage) -> None:
     )
 
 
+def scraped() -> dict[str, float]:
+    """/metrics as a scraper reads it, by sample."""
+    text = DjangoClient(HTTP_HOST="localhost").get("/metrics").content.decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -232,6 +241,7 @@ def test_published_envelopes_run_each_occurrence_once_despite_duplicate_deliveri
     flexible = occurrences_of(tenant, count=3, lane="flexible", handler="effect")
     envelopes = write_outbox(strict + flexible)
     assert [len(e.occurrence_ids) for e in envelopes] == [4, 3]
+    before = scraped()
     worker = start_worker()
 
     for envelope in envelopes * 2:  # every envelope delivered twice, as after a relay crash before its stamp
@@ -247,6 +257,21 @@ def test_published_envelopes_run_each_occurrence_once_despite_duplicate_deliveri
     assert Attempt.objects.filter(occurrence_id__in=[o.occurrence_id for o in strict + flexible]).count() == 7
     assert worker.text().count("dropped delivery of occurrence") == 7
     assert worker.process.poll() is None
+
+    # The worker's pool processes count what they did into PostgreSQL: /metrics, served by another process, has it.
+    claims = "scheduler_worker_claims_total"
+    wait_for(lambda: scraped().get(claims, 0) >= before.get(claims, 0) + 7, 15, "the worker's counts in /metrics")
+    after = scraped()
+
+    def grew(name: str) -> float:
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert grew(claims) == 7
+    assert grew('scheduler_worker_completions_total{outcome="succeeded"}') == 7
+    assert grew('scheduler_worker_claim_drops_total{reason="terminal"}') == 7, "the duplicate deliveries"
+    assert grew('scheduler_start_lag_seconds_count{lane="strict"}') == 4
+    assert grew('scheduler_start_lag_seconds_bucket{lane="strict",le="300.0"}') == 0, "ten minutes late"
+    assert after['scheduler_live_processes{role="worker"}'] == 2, "each pool process keeps a heartbeat"
 
 
 def test_a_worker_killed_mid_handler_is_reaped_and_a_new_attempt_runs_with_one_effect(
