@@ -178,7 +178,22 @@ def _frame(max_value: float, unit: str, x_labels: list[tuple[float, str]], *, co
         parts.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{WIDTH}" y2="{y:.1f}" class="grid"/>')
         parts.append(f'<text x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end" class="tick">{escape(label)}</text>')
     for x, text in x_labels:
-        parts.append(f'<text x="{x:.1f}" y="{HEIGHT - 6}" text-anchor="middle" class="tick">{escape(text)}</text>')
+        # A label at the right edge would be cut in half: it ends there instead.
+        anchor = "end" if x > WIDTH - 20 else "middle"
+        parts.append(f'<text x="{x:.1f}" y="{HEIGHT - 6}" text-anchor="{anchor}" class="tick">{escape(text)}</text>')
+    return parts
+
+
+def _legend(items: list[tuple[str, str]]) -> list[str]:
+    """Colour keys along the top of the plot, wrapping to a new row where the chart ends."""
+    parts, x, y = [], LEFT + 6.0, float(TOP + 2)
+    for name, color in items:
+        width = 18 + 6.5 * len(name)
+        if x + width > WIDTH and x > LEFT + 6:
+            x, y = LEFT + 6.0, y + 12
+        parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="8" height="8" fill="{color}"/>')
+        parts.append(f'<text x="{x + 11:.1f}" y="{y + 8:.1f}" class="legend">{escape(name)}</text>')
+        x += width
     return parts
 
 
@@ -214,8 +229,7 @@ def line_chart(
     plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM - TOP
     step = plot_w / max(1, len(minutes) - 1)
     parts = _frame(top, unit, _time_labels(minutes))
-    legend_x = LEFT + 6
-    for name, color, points in series:
+    for _, color, points in series:
         coords = [
             f"{LEFT + n * step:.1f},{TOP + plot_h * (1 - v / top):.1f}" for n, v in enumerate(points) if v is not None
         ]
@@ -224,9 +238,7 @@ def line_chart(
             parts.append(f'<circle cx="{x}" cy="{y}" r="2.5" fill="{color}"/>')
         elif coords:
             parts.append(f'<polyline points="{" ".join(coords)}" fill="none" stroke="{color}" stroke-width="1.6"/>')
-        parts.append(f'<rect x="{legend_x}" y="{TOP + 2}" width="8" height="8" fill="{color}"/>')
-        parts.append(f'<text x="{legend_x + 11}" y="{TOP + 10}" class="legend">{escape(name)}</text>')
-        legend_x += 18 + 7 * len(name)
+    parts += _legend([(name, color) for name, color, _ in series])
     return _svg(parts, "enqueue lag per lane")
 
 
@@ -248,11 +260,7 @@ def stacked_bars(stacks: list[tuple[str, str, list[int]]], minutes: list[datetim
                     f'<rect x="{LEFT + n * bar_w:.1f}" y="{y:.1f}" width="{max(1.0, bar_w - 1):.1f}" height="{h:.1f}"'
                     f' fill="{color}"><title>{escape(state)}: {counts[n]}</title></rect>'
                 )
-    legend_x = LEFT + 6.0
-    for state, color, _ in stacks:
-        parts.append(f'<rect x="{legend_x}" y="{TOP + 2}" width="8" height="8" fill="{color}"/>')
-        parts.append(f'<text x="{legend_x + 11}" y="{TOP + 10}" class="legend">{escape(state)}</text>')
-        legend_x += 18 + 6.5 * len(state)
+    parts += _legend([(state, color) for state, color, _ in stacks])
     return _svg(parts, "fires per minute by state")
 
 
