@@ -80,10 +80,11 @@ class Counter(Family):
     kind = "counter"
 
     def labels(self, *values: str, **kwargs: str) -> _CounterChild:
-        key = tuple(kwargs[n] for n in self.labelnames) if kwargs else tuple(str(v) for v in values)
-        child = self._children.get(key)
+        child = self._children.get(values) if not kwargs else None  # the hot path: positional, seen before
         if child is None:
-            child = self._children[key] = _CounterChild(self.name, self._labels(key, {}))
+            key = tuple(kwargs[n] for n in self.labelnames) if kwargs else tuple(str(v) for v in values)
+            child = self._children.get(key) or _CounterChild(self.name, self._labels(key, {}))
+            self._children[key] = self._children[values] = child
         assert isinstance(child, _CounterChild)
         return child
 
@@ -133,10 +134,11 @@ class Histogram(Family):
         return [floatToGoString(b) for b in self.buckets] + ["+Inf"]
 
     def labels(self, *values: str, **kwargs: str) -> _HistogramChild:
-        key = tuple(kwargs[n] for n in self.labelnames) if kwargs else tuple(str(v) for v in values)
-        child = self._children.get(key)
+        child = self._children.get(values) if not kwargs else None  # the hot path: positional, seen before
         if child is None:
-            child = self._children[key] = _HistogramChild(self, self._labels(key, {}))
+            key = tuple(kwargs[n] for n in self.labelnames) if kwargs else tuple(str(v) for v in values)
+            child = self._children.get(key) or _HistogramChild(self, self._labels(key, {}))
+            self._children[key] = self._children[values] = child
         assert isinstance(child, _HistogramChild)
         return child
 

@@ -7,10 +7,6 @@ import os
 import socket
 import threading
 import time
-import uuid
-from collections import Counter
-from datetime import datetime
-from functools import partial
 from typing import Any
 
 from celery import shared_task
@@ -18,12 +14,10 @@ from celery.exceptions import InvalidTaskError, Reject
 from celery.signals import task_rejected, task_unknown, worker_process_shutdown, worker_shutdown
 from celery.worker.strategy import default as default_strategy
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connection, connections
 
 from dispatch import counters
-from dispatch.engine import worker
+from dispatch.engine.envelope import EnvelopeRunner
 from dispatch.engine.leases import stop_lease_renewer
-from dispatch.engine.timer import PriorityTimer, TimerClosed
 from dispatch.envelopes import RUN_ENVELOPE_TASK, MalformedEnvelope, decode_content
 
 logger = logging.getLogger(__name__)
@@ -125,103 +119,6 @@ def run_envelope(self, envelope: Any = None, *unexpected_args: Any, **unexpected
         extra={"action": "envelope_done"},
     )
     return dict(outcomes)
-
-
-class _Batch:
-    """The occurrences of one envelope in flight on the shared timer; the task waits for all of them."""
-
-    def __init__(self, task_ids: list[tuple[str, int]]) -> None:
-        self.pending = set(task_ids)
-        self.outcomes: Counter[str] = Counter()
-        self.cond = threading.Condition()
-
-    def done(self, task_id: tuple[str, int], outcome: str) -> None:
-        with self.cond:
-            if task_id in self.pending:
-                self.pending.discard(task_id)
-                self.outcomes[outcome] += 1
-                self.cond.notify_all()
-
-
-class EnvelopeRunner:
-    """A process-wide PriorityTimer: its threads, and the database connection each of them keeps, serve every
-    envelope of the process instead of being created per envelope. Each occurrence gets the timer's cancel
-    event, which the worker service hands to the handler."""
-
-    def __init__(self, workers: int) -> None:
-        self.timer = PriorityTimer(workers=workers)
-        self.timer.start()
-        self._connections: list[Any] = []
-        self._lock = threading.Lock()
-
-    def run(self, pairs: list[tuple[uuid.UUID, datetime]], worker_name: str) -> Counter[str]:
-        token = uuid.uuid4().hex  # task ids unique per delivery: a duplicate envelope must not replace this one's
-        batch = _Batch([(token, index) for index in range(len(pairs))])
-        for index, (occurrence_id, scheduled_for) in enumerate(pairs):
-            task_id = (token, index)
-            run = partial(self._run_one, batch, task_id, occurrence_id, scheduled_for, worker_name)
-            try:
-                # Due now; equal times run in envelope order (the timer's submission sequence).
-                self.timer.schedule(task_id, time.monotonic(), 0, run)
-            except TimerClosed:
-                batch.done(task_id, "not_run")
-        with batch.cond:
-            while batch.pending:
-                if not batch.cond.wait(timeout=1.0):
-                    # A closing timer cancels what it has not started; those will never report back.
-                    for task_id in list(batch.pending):
-                        if self.timer.state(task_id) == "cancelled":
-                            batch.pending.discard(task_id)
-                            batch.outcomes["not_run"] += 1
-        return batch.outcomes
-
-    def _run_one(
-        self,
-        batch: _Batch,
-        task_id: tuple[str, int],
-        occurrence_id: uuid.UUID,
-        scheduled_for: datetime,
-        worker_name: str,
-        cancel_event: threading.Event,
-    ) -> None:
-        outcome = "error"
-        try:
-            close_old_connections()
-            self._remember_connection()
-            outcome = worker.process_occurrence(occurrence_id, scheduled_for, worker_name, cancel_event)
-        except DatabaseError:
-            logger.exception(
-                "database error processing occurrence %s",
-                occurrence_id,
-                extra={"action": "occurrence_db_error", "occurrence_id": str(occurrence_id)},
-            )
-            outcome = "db_error"
-            connection.close()
-        except Exception:
-            # A bug, not an outage: redelivering would fail the same way; the reconciler reports the occurrence.
-            logger.exception(
-                "error processing occurrence %s",
-                occurrence_id,
-                extra={"action": "occurrence_error", "occurrence_id": str(occurrence_id)},
-            )
-        finally:
-            batch.done(task_id, outcome)
-
-    def _remember_connection(self) -> None:
-        own = connections[DEFAULT_DB_ALIAS]  # this thread's wrapper (django.db.connection is a per-thread proxy)
-        with self._lock:
-            if own not in self._connections:
-                # Closed by the thread that shuts the runner down, once the timer threads are gone.
-                own.inc_thread_sharing()
-                self._connections.append(own)
-
-    def close(self) -> None:
-        self.timer.close(wait=True)
-        with self._lock:
-            connections, self._connections = self._connections, []
-        for conn in connections:
-            conn.close()
-            conn.dec_thread_sharing()
 
 
 _runner: EnvelopeRunner | None = None

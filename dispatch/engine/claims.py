@@ -10,41 +10,49 @@ this order, holding those locks:
 6. take a running slot of the tenant's max_running; at the quota, park it in retry_wait (attempts untouched, never
    dead for it) to be offered again after a backoff that grows with its wait;
 7. otherwise move it to running with generation = attempt_count + 1 and a lease, and record the attempt.
-Every exit that is not a claim records the rule that decided it in `state_reason`.
+Every exit that is not a claim records the rule that decided it in `state_reason`. The rules of steps 4-6 are in
+dispatch/engine/claim_rules.py.
+
+`claim_many` takes the same decisions for an envelope's occurrences in one transaction: one statement locks them all,
+one takes the tenant's running slots, one claims and one inserts the attempts, so a hundred occurrences cost about
+what one did. It leaves to `try_claim` what needs another lock order (overlap policies other than allow lock the
+schedule first) or another transaction's row.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 
 from dispatch import counters
+from dispatch.engine.claim_rules import (
+    Drop,
+    Move,
+    Observed,
+    misfire_reason,
+    overlap_verdict,
+    wait_for_running_slot,
+)
 from dispatch.engine.retry import deadline_of
 from dispatch.models import TERMINAL_STATES, OccurrenceState
-from dispatch.outbox import Fire, enqueue
 from dispatch.quotas import release_running_slots
+from dispatch.sql import PreparedCursor
 from dispatch.sql import claims as claim_sql
 from dispatch.sql import quotas as quota_sql
-from schedules.models import MisfirePolicy, OverlapPolicy, ScheduleState
+from schedules.models import OverlapPolicy, ScheduleState
 
 logger = logging.getLogger(__name__)
 
 # A retry envelope released by the relay a moment before its available_at (its timer runs on another clock) must
 # not be mistaken for an early duplicate and dropped: that would strand the occurrence in retry_wait.
 EARLY_TOLERANCE = timedelta(seconds=1)
-
-# First deliveries: the misfire policy may still end them. Parked queue_one occurrences (retry_wait, attempt 0)
-# were judged when they were first delivered; what delays them since is the overlap policy, not an outage.
-FIRST_DELIVERY_STATES = (OccurrenceState.SCHEDULED, OccurrenceState.ENQUEUED)
 
 
 @dataclass(frozen=True)
@@ -74,43 +82,6 @@ class Claim:
         return {"occurrence_id": self.occurrence_id, "scheduled_for": self.scheduled_for}
 
 
-@dataclass(frozen=True)
-class Drop:
-    """A delivery that was not run, and why; `state` is the occurrence's state afterwards (None if unknown)."""
-
-    reason: str
-    state: str | None
-
-
-@dataclass(frozen=True)
-class _Observed:
-    """The locked occurrence row, its schedule now, and its own version's definition (dispatch/sql/claims.py)."""
-
-    state: str
-    attempt_count: int
-    lease_expires_at: datetime | None
-    available_at: datetime
-    occurrence_version: int
-    tenant_id: int
-    lane: str
-    priority: int
-    manual: bool
-    forced: bool
-    kept: bool
-    throttled: bool
-    schedule_id: uuid.UUID
-    schedule_state: str
-    schedule_version: int
-    overlap_policy: str
-    handler: str
-    payload: Any
-    max_attempts: int
-    misfire_policy: str
-    max_lateness_seconds: int
-    catchup_limit: int
-    now: datetime
-
-
 def try_claim(
     occurrence_id: uuid.UUID, scheduled_for: datetime, worker_name: str, now: datetime | None = None
 ) -> Claim | Drop:
@@ -126,7 +97,7 @@ def try_claim(
             locked = cursor.fetchone()
             if locked is None:
                 break
-            observed = _Observed(*locked)
+            observed = Observed(*locked)
             if observed.overlap_policy != OverlapPolicy.ALLOW and schedule_id is None:
                 # Lock order is schedule, then occurrence (as in the control plane): let go of the occurrence and
                 # decide again holding both. Schedules with overlap `allow` (most) never pay this second round.
@@ -139,6 +110,154 @@ def try_claim(
         break
     _report_claim(occurrence_id, outcome)
     return outcome
+
+
+@dataclass
+class EnvelopeClaim:
+    """What the batched claim of an envelope came to: the claims to run, the deliveries dropped (with why), and the
+    occurrences it left to be decided one by one (`try_claim`): rows another transaction held, overlap policies
+    other than allow (their lock order starts at the schedule row), or everything after a contradicting history."""
+
+    claims: list[Claim] = field(default_factory=list)
+    drops: list[tuple[uuid.UUID, Drop]] = field(default_factory=list)
+    alone: list[tuple[uuid.UUID, datetime]] = field(default_factory=list)
+
+
+def claim_many(pairs: list[tuple[uuid.UUID, datetime]], worker_name: str, now: datetime | None = None) -> EnvelopeClaim:
+    """Claim an envelope's occurrences in one transaction and a handful of statements, deciding each exactly as
+    `try_claim` would (the same steps, the same rules), so a hundred occurrences cost what one used to.
+
+    1. Lock every occurrence of the envelope in one statement, SKIP LOCKED (a held row is left to `try_claim`).
+    2. Decide each locked row's exits (steps 1-5): drops and side exits, one statement each only where they happen.
+    3. Take the tenant's running slots for the rest in one statement; those over the quota are parked.
+    4. Move them to running and insert their attempts, one statement each for all.
+    """
+    result = EnvelopeClaim()
+    if not pairs:
+        return result
+    params: dict[str, Any] = {
+        "occurrence_ids": [p[0] for p in pairs],
+        "scheduled_fors": [p[1] for p in pairs],
+        "now": now,
+    }
+    with transaction.atomic(), PreparedCursor() as cursor:
+        cursor.execute(claim_sql.LOCK_OCCURRENCES, params)
+        locked = {row[0]: Observed(*row[1:]) for row in cursor.fetchall()}
+        existing: set[int] = set(locked)
+        if len(locked) < len(pairs):
+            cursor.execute(claim_sql.EXISTING_OCCURRENCES, params)
+            existing = {row[0] for row in cursor.fetchall()}
+        candidates: list[tuple[dict[str, Any], Observed]] = []
+        left_running: list[int] = []
+        for position, (occurrence_id, scheduled_for) in enumerate(pairs, start=1):
+            o = locked.get(position)
+            if o is None or o.overlap_policy != OverlapPolicy.ALLOW:
+                if o is None and position not in existing:
+                    result.drops.append((occurrence_id, Drop("unknown", None)))
+                else:
+                    result.alone.append((occurrence_id, scheduled_for))
+                continue
+            key = {"occurrence_id": occurrence_id, "scheduled_for": scheduled_for}
+            verdict = _exit(cursor, key, o)
+            if verdict is None:
+                candidates.append((key, o))
+                continue
+            result.drops.append((occurrence_id, verdict))
+            if o.state == OccurrenceState.RUNNING and _left_running(verdict):
+                left_running.append(o.tenant_id)
+        claimed = _claim_many(cursor, candidates, worker_name)
+        if claimed is None:
+            # An attempt of a claimed generation exists already (attempt_generation_unique): history contradicts
+            # the claim. Undo the whole batch and let each occurrence be decided alone, as the one-by-one path does.
+            transaction.set_rollback(True)
+            return EnvelopeClaim(alone=list(pairs))
+        # The tenants' counter rows last (the expired runs' slots back, then this batch's): they are held only to
+        # the commit, not while the claims above are written (see dispatch/sql/quotas.py).
+        release_running_slots(cursor, left_running)
+        result.claims = _within_running_quota(cursor, claimed, result, worker_name)
+    for occurrence_id, drop in result.drops:
+        _report_claim(occurrence_id, drop)
+    counters.WORKER_CLAIMS.inc(len(result.claims))
+    return result
+
+
+# A claimed row of the batch before the running quota had its say: the row as observed, and what the claim gave it.
+_Claimed = tuple[dict[str, Any], Observed, int, datetime, int]  # key, observed, generation, lease end, attempt id
+
+
+def _claim_many(cursor, candidates: list[tuple[dict[str, Any], Observed]], worker_name: str) -> list[_Claimed] | None:
+    """Step 7 for many: running, generation + 1, a lease and an attempt each; None if an attempt conflicts."""
+    if not candidates:
+        return []
+    now = candidates[0][1].now
+    keys = {
+        "occurrence_ids": [key["occurrence_id"] for key, _ in candidates],
+        "scheduled_fors": [key["scheduled_for"] for key, _ in candidates],
+    }
+    cursor.execute(
+        claim_sql.CLAIM_MANY,
+        {
+            **keys,
+            "states": [o.state for _, o in candidates],
+            "attempt_counts": [o.attempt_count for _, o in candidates],
+            "now": now,
+            "lease": settings.SCHEDULER_WORKER_LEASE_SECONDS,
+        },
+    )
+    moved = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+    if len(moved) != len(candidates):  # cannot happen under the row locks; decide each alone rather than guess
+        return None
+    cursor.execute(
+        claim_sql.INSERT_ATTEMPTS,
+        {
+            **keys,
+            "generations": [moved[key["occurrence_id"]][0] for key, _ in candidates],
+            "lease_expires_ats": [moved[key["occurrence_id"]][1] for key, _ in candidates],
+            "worker": worker_name[:200],
+            "now": now,
+        },
+    )
+    attempts = dict(cursor.fetchall())
+    if len(attempts) != len(candidates):
+        return None
+    return [(key, o, *moved[key["occurrence_id"]], attempts[key["occurrence_id"]]) for key, o in candidates]
+
+
+def _within_running_quota(cursor, claimed: list[_Claimed], result: EnvelopeClaim, worker_name: str) -> list[Claim]:
+    """Step 6 for many, after the claims: one grant of running slots per tenant for all its new claims (a takeover
+    of an expired run inherits its slot). Claims beyond the grant are put back as they were observed, attempt and
+    all, in this same transaction (nobody saw them), and parked as `try_claim` parks a claim over the quota."""
+    kept = [c for c in claimed if c[1].state == OccurrenceState.RUNNING]
+    by_tenant: dict[int, list[_Claimed]] = {}
+    for entry in claimed:
+        if entry[1].state != OccurrenceState.RUNNING:
+            by_tenant.setdefault(entry[1].tenant_id, []).append(entry)
+    excess: list[_Claimed] = []
+    for tenant_id in sorted(by_tenant):  # tenants' counter rows in tenant_id order (dispatch/sql/quotas.py)
+        wanting = by_tenant[tenant_id]
+        cursor.execute(quota_sql.TAKE_RUNNING_SLOTS, {"tenant_id": tenant_id, "wanted": len(wanting)})
+        row = cursor.fetchone()
+        granted = row[0] if row else 0
+        kept += wanting[:granted]
+        excess += wanting[granted:]
+    if excess:
+        cursor.execute(
+            claim_sql.UNCLAIM_MANY,
+            {
+                "occurrence_ids": [key["occurrence_id"] for key, *_ in excess],
+                "scheduled_fors": [key["scheduled_for"] for key, *_ in excess],
+                "states": [o.state for _, o, *_ in excess],
+                "attempt_counts": [o.attempt_count for _, o, *_ in excess],
+                "lease_expires_ats": [o.lease_expires_at for _, o, *_ in excess],
+                "held_states": [OccurrenceState.RUNNING.value] * len(excess),
+            },
+        )
+        for key, o, *_ in excess:
+            result.drops.append((key["occurrence_id"], wait_for_running_slot(cursor, key, o, _mover(cursor, key, o))))
+    return [
+        _claim_of(key, o, worker_name, generation=generation, attempt_id=attempt_id, lease_expires_at=lease_end)
+        for key, o, generation, lease_end, attempt_id in kept
+    ]
 
 
 def _left_running(outcome: Claim | Drop) -> bool:
@@ -162,12 +281,35 @@ def withdrawal_reason(schedule_state: str, schedule_version: int) -> str:
     return f"schedule changed to version {schedule_version}"
 
 
-Move = Callable[..., Drop]
-
-
-def _decide(cursor, key: dict[str, Any], o: _Observed, worker_name: str) -> Claim | Drop:
-    """The claim decision (steps 1-6 of the module docstring), holding the occurrence row lock (and the schedule
+def _decide(cursor, key: dict[str, Any], o: Observed, worker_name: str) -> Claim | Drop:
+    """The claim decision (steps 1-7 of the module docstring), holding the occurrence row lock (and the schedule
     row for overlap policies)."""
+    verdict = _exit(cursor, key, o)
+    if verdict is not None:
+        return verdict
+    if o.state != OccurrenceState.RUNNING:  # a takeover inherits the dead run's slot
+        cursor.execute(quota_sql.TAKE_RUNNING_SLOT, {"tenant_id": o.tenant_id})
+        if cursor.fetchone() is None:
+            return wait_for_running_slot(cursor, key, o, _mover(cursor, key, o))
+    return _claim(cursor, key, o, worker_name)
+
+
+def _mover(cursor, key: dict[str, Any], o: Observed) -> Move:
+    """A side exit or parking of the locked occurrence: one conditional UPDATE on what was observed."""
+
+    def move(new_state: str, reason: str, words: str, available_at: datetime | None = None) -> Drop:
+        params = {**key, "now": o.now, "new_state": new_state, "available_at": available_at, "reason": words}
+        cursor.execute(claim_sql.TRANSITION, {**params, "state": o.state, "attempt_count": o.attempt_count})
+        if cursor.rowcount != 1:  # cannot happen under the row lock; refuse rather than guess
+            return Drop("lost_race", None)
+        return Drop(reason, new_state)
+
+    return move
+
+
+def _exit(cursor, key: dict[str, Any], o: Observed) -> Drop | None:
+    """Steps 1-5 of the module docstring: why the delivery must not run now, or None when only the running quota
+    stands between it and a claim."""
     now = o.now
     if o.state in TERMINAL_STATES:
         return Drop("terminal", o.state)
@@ -179,14 +321,7 @@ def _decide(cursor, key: dict[str, Any], o: _Observed, worker_name: str) -> Clai
     if expired_run:
         # Its worker died without the reaper noticing yet; close that attempt before taking over.
         cursor.execute(claim_sql.CLOSE_EXPIRED_ATTEMPT, {**key, "now": now, "generation": o.attempt_count})
-
-    def move(new_state: str, reason: str, words: str, available_at: datetime | None = None) -> Drop:
-        params = {**key, "now": now, "new_state": new_state, "available_at": available_at, "reason": words}
-        cursor.execute(claim_sql.TRANSITION, {**params, "state": o.state, "attempt_count": o.attempt_count})
-        if cursor.rowcount != 1:  # cannot happen under the row lock; refuse rather than guess
-            return Drop("lost_race", None)
-        return Drop(reason, new_state)
-
+    move = _mover(cursor, key, o)
     if schedule_withdraws(o.schedule_state, o.schedule_version, o.occurrence_version, forced=o.forced or o.kept):
         return move(
             OccurrenceState.CANCELED, "schedule_changed", withdrawal_reason(o.schedule_state, o.schedule_version)
@@ -197,124 +332,15 @@ def _decide(cursor, key: dict[str, Any], o: _Observed, worker_name: str) -> Clai
     deadline = deadline_of(key["scheduled_for"], forced=o.forced)
     if o.attempt_count > 0 and deadline is not None and now > deadline:
         return move(OccurrenceState.DEAD, "deadline_passed", "deadline passed")
-    missed = _misfire(cursor, key, o)
+    missed = misfire_reason(cursor, key, o)
     if missed is not None:
         return move(OccurrenceState.MISSED, "missed", missed)
     if o.overlap_policy != OverlapPolicy.ALLOW:
-        verdict = _overlap(cursor, key, o, move)
-        if verdict is not None:
-            return verdict
-    if not expired_run:  # a takeover inherits the dead run's slot
-        cursor.execute(quota_sql.TAKE_RUNNING_SLOT, {"tenant_id": o.tenant_id})
-        if cursor.fetchone() is None:
-            return _wait_for_running_slot(cursor, key, o, move)
-    return _claim(cursor, key, o, worker_name)
+        return overlap_verdict(cursor, key, o, move)
+    return None
 
 
-def _wait_for_running_slot(cursor, key: dict[str, Any], o: _Observed, move: Move) -> Drop:
-    """The tenant runs max_running occurrences already: back to retry_wait with its envelope, attempts untouched.
-
-    The wait before it is offered again grows with how long it has waited (a quarter of it, from
-    SCHEDULER_RUNNING_RECHECK_SECONDS up to SCHEDULER_RUNNING_RECHECK_MAX_SECONDS, jittered): a backlog far over
-    the quota costs the workers a few offers per occurrence, not one per second each.
-    """
-    cursor.execute(quota_sql.COUNT_THROTTLED_CLAIM, {"tenant_id": o.tenant_id})
-    waited = max(0.0, (o.now - key["scheduled_for"]).total_seconds())
-    base = settings.SCHEDULER_RUNNING_RECHECK_SECONDS
-    delay = min(settings.SCHEDULER_RUNNING_RECHECK_MAX_SECONDS, max(base, waited / 4)) * random.uniform(0.75, 1.25)
-    recheck_at = o.now + timedelta(seconds=delay)
-    words = "throttled: the tenant's max_running quota is reached"
-    drop = move(OccurrenceState.RETRY_WAIT, "running_quota", words, recheck_at)
-    if drop.state == OccurrenceState.RETRY_WAIT:
-        fire = Fire.for_lane(**key, tenant_id=o.tenant_id, lane=o.lane, available_at=recheck_at, priority=o.priority)
-        enqueue(cursor, [fire])
-    return drop
-
-
-def _misfire(cursor, key: dict[str, Any], o: _Observed) -> str | None:
-    """Why a first delivery later than its version's max lateness is missed (the reason in words), or None if it
-    may run. Retries, manual triggers and forced fires are exempt: someone asked for them after the fact."""
-    if o.state not in FIRST_DELIVERY_STATES or o.attempt_count > 0 or o.manual or o.forced or o.throttled:
-        return None
-    # Lateness counts from the release instant: the nominal fire time on the strict lane, the place in the spread
-    # window on the flexible lane, the paced slot of a catch-up fire (already judged late when it was planned, and
-    # held back on purpose by the tenant's catch-up budget). A throttled fire (max_fires_per_second) waited for
-    # its tenant's own quota: it waits, it is never dropped for it.
-    due = o.available_at
-    lateness = (o.now - due).total_seconds()
-    # The pipeline's own latency (relay, broker, a worker's prefetch) is not an outage: without this grace a
-    # schedule with max_lateness_seconds = 0 would never run, since no claim happens at the very instant.
-    tolerated = o.max_lateness_seconds + settings.SCHEDULER_CLAIM_LATENESS_GRACE_SECONDS
-    if lateness <= tolerated:
-        return None
-    words = f"late by {int(lateness)} s > max lateness {o.max_lateness_seconds} s"
-    siblings = {**key, "schedule_id": o.schedule_id, "now": o.now}
-    if o.misfire_policy == MisfirePolicy.FIRE_ONCE:
-        cursor.execute(claim_sql.NEWER_DUE_FIRE, siblings)
-        newer = cursor.fetchone()
-        if newer is None:
-            return None  # the latest late fire: the one fire_once emits
-        return f"{words} (fire_once keeps only the latest late fire; a newer one at {_utc(newer[0])} is due)"
-    if o.misfire_policy == MisfirePolicy.CATCH_UP:
-        keeps = f"catch_up keeps the latest {o.catchup_limit} late fires"
-        if o.catchup_limit <= 0:
-            return f"{words} ({keeps})"
-        late_before = o.now - timedelta(seconds=tolerated)
-        cursor.execute(claim_sql.NEWER_LATE_FIRES, {**siblings, "late_before": late_before, "limit": o.catchup_limit})
-        if cursor.fetchone()[0] < o.catchup_limit:
-            return None  # among the latest `catchup_limit` late fires
-        return f"{words} ({keeps}; at least {o.catchup_limit} newer ones exist)"
-    return f"{words} ({o.misfire_policy})"
-
-
-def _overlap(cursor, key: dict[str, Any], o: _Observed, move: Move) -> Drop | None:
-    """The overlap policy; None lets the claim go ahead.
-
-    A retry (attempt_count > 0) is not a new fire: it is never skipped, only parked until the sibling running
-    meanwhile is done. For first attempts, skip_if_running skips while a sibling runs; queue_one holds one
-    occurrence behind a running sibling and skips the rest, and a newer fire never overtakes the held one (FIFO),
-    even when nothing runs at that instant.
-    """
-    siblings = {**key, "schedule_id": o.schedule_id, "now": o.now}
-    cursor.execute(claim_sql.SIBLING_RUNNING, siblings)
-    row = cursor.fetchone()
-    running = row[0] if row else None
-    policy = o.overlap_policy
-    if o.attempt_count > 0:
-        return None if running is None else _park(cursor, key, o, move, f"waiting for occurrence {running}")
-    if policy == OverlapPolicy.SKIP_IF_RUNNING:
-        if running is None:
-            return None
-        return move(
-            OccurrenceState.SKIPPED_OVERLAP,
-            "overlap_skipped",
-            f"overlap: occurrence {running} still running ({policy})",
-        )
-    cursor.execute(claim_sql.SIBLING_WAITING, siblings)
-    held = cursor.fetchone()
-    if held is not None and (held[1], held[0]) < (key["scheduled_for"], key["occurrence_id"]):
-        words = f"overlap: occurrence {held[0]} is queued ahead ({policy})"
-        return move(OccurrenceState.SKIPPED_OVERLAP, "overlap_skipped", words)
-    if running is None:
-        return None
-    if held is not None:
-        # queue_one holds at most one pending occurrence; the one already waiting will run.
-        words = f"overlap: occurrence {running} still running and occurrence {held[0]} already queued ({policy})"
-        return move(OccurrenceState.SKIPPED_OVERLAP, "overlap_skipped", words)
-    return _park(cursor, key, o, move, f"waiting for occurrence {running}")
-
-
-def _park(cursor, key: dict[str, Any], o: _Observed, move: Move, why: str) -> Drop:
-    """Back to retry_wait (attempt_count unchanged) with a new envelope for the recheck, in the same transaction."""
-    recheck_at = o.now + timedelta(seconds=settings.SCHEDULER_OVERLAP_RECHECK_SECONDS)
-    drop = move(OccurrenceState.RETRY_WAIT, "overlap_waiting", f"overlap: {why} ({o.overlap_policy})", recheck_at)
-    if drop.state == OccurrenceState.RETRY_WAIT:
-        fire = Fire.for_lane(**key, tenant_id=o.tenant_id, lane=o.lane, available_at=recheck_at, priority=o.priority)
-        enqueue(cursor, [fire])
-    return drop
-
-
-def _claim(cursor, key: dict[str, Any], o: _Observed, worker_name: str) -> Claim | Drop:
+def _claim(cursor, key: dict[str, Any], o: Observed, worker_name: str) -> Claim | Drop:
     lease = settings.SCHEDULER_WORKER_LEASE_SECONDS
     cursor.execute(
         claim_sql.CLAIM, {**key, "now": o.now, "lease": lease, "state": o.state, "attempt_count": o.attempt_count}
@@ -338,6 +364,15 @@ def _claim(cursor, key: dict[str, Any], o: _Observed, worker_name: str) -> Claim
         # An attempt of this generation exists already (attempt_generation_unique): undo the claim, run nothing.
         transaction.set_rollback(True)
         return Drop("duplicate_attempt", o.state)
+    return _claim_of(
+        key, o, worker_name, generation=generation, attempt_id=attempt[0], lease_expires_at=lease_expires_at
+    )
+
+
+def _claim_of(
+    key: dict[str, Any], o: Observed, worker_name: str, *, generation: int, attempt_id: int, lease_expires_at: datetime
+) -> Claim:
+    """The Claim of an occurrence just moved to running (and its start lag, for a first attempt)."""
     payload = json.loads(o.payload) if isinstance(o.payload, str | bytes) else (o.payload or {})
     if generation == 1 and not (o.forced or o.manual):
         counters.START_LAG.labels(o.lane).observe(max(0.0, (o.now - o.available_at).total_seconds()))
@@ -348,7 +383,7 @@ def _claim(cursor, key: dict[str, Any], o: _Observed, worker_name: str) -> Claim
         schedule_id=o.schedule_id,
         schedule_version=o.occurrence_version,
         generation=generation,
-        attempt_id=attempt[0],
+        attempt_id=attempt_id,
         worker=worker_name,
         handler=o.handler,
         payload=payload,
@@ -362,14 +397,10 @@ def _claim(cursor, key: dict[str, Any], o: _Observed, worker_name: str) -> Claim
     )
 
 
-def _utc(instant: datetime) -> str:
-    return instant.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def _report_claim(occurrence_id: uuid.UUID, outcome: Claim | Drop) -> None:
     if isinstance(outcome, Claim):
         counters.WORKER_CLAIMS.inc()
-        logger.info(
+        logger.debug(
             "claimed occurrence %s generation %d (%s)",
             occurrence_id,
             outcome.generation,

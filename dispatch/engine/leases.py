@@ -97,18 +97,27 @@ class LeaseRenewer:
         self._thread: threading.Thread | None = None
 
     def register(self, claim: Leased, cancel_event: threading.Event, deadline: float) -> Ticket:
+        return self.register_many([(claim, cancel_event)], deadline)[0]
+
+    def register_many(self, entries: list[tuple[Leased, threading.Event]], deadline: float) -> list[Ticket]:
+        """Look after the leases of several running handlers (an envelope's), under one lock acquisition."""
         renew_until = time.monotonic() + settings.SCHEDULER_LEASE_MAX_LIFETIME_SECONDS
-        ticket = Ticket(claim, cancel_event, deadline, renew_until=renew_until)
+        tickets = [Ticket(claim, event, deadline, renew_until=renew_until) for claim, event in entries]
         with self._lock:
-            self._tickets[claim.attempt_id] = ticket
+            for ticket in tickets:
+                self._tickets[ticket.claim.attempt_id] = ticket
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="lease-renewer", daemon=True)
                 self._thread.start()
-        return ticket
+        return tickets
 
     def unregister(self, ticket: Ticket) -> None:
+        self.unregister_many([ticket])
+
+    def unregister_many(self, tickets: list[Ticket]) -> None:
         with self._lock:
-            self._tickets.pop(ticket.claim.attempt_id, None)
+            for ticket in tickets:
+                self._tickets.pop(ticket.claim.attempt_id, None)
 
     def renew_once(self) -> int:
         """One round; returns how many leases were renewed."""

@@ -10,6 +10,8 @@
    go back to retry_wait, within the occurrence deadline and the tenant's retry budget, with a new outbox envelope
    in the same transaction.
 Lease renewal and the reaper of expired leases are in dispatch/engine/leases.py; the retry policy in retry.py.
+An envelope's occurrences go through the same three steps in batches (dispatch/engine/envelope.py): `claim_many`,
+`precheck_many` and `complete_many` take the same decisions for many rows in one statement each.
 
 Every state change is one conditional UPDATE with a row-count check (ARCHITECTURE rules 5, 6, 8, 9).
 """
@@ -30,12 +32,13 @@ from django.db import connection, transaction
 from dispatch import counters
 from dispatch.engine.claims import EARLY_TOLERANCE, Claim, Drop, schedule_withdraws, try_claim, withdrawal_reason
 from dispatch.engine.faults import crash_point
-from dispatch.engine.leases import lease_renewer
+from dispatch.engine.leases import Ticket, lease_renewer
 from dispatch.engine.retry import ERROR_MAX_CHARS, RunResult, backoff_for, classify, plan_retry
 from dispatch.handlers import get_handler
 from dispatch.models import OccurrenceState
 from dispatch.outbox import Fire, enqueue
 from dispatch.quotas import release_running_slots
+from dispatch.sql import PreparedCursor
 from dispatch.sql import claims as claim_sql
 from schedules.models import OverlapPolicy
 
@@ -80,16 +83,31 @@ class HandlerContext:
 
 def run_claimed(claim: Claim, cancel_event: threading.Event | None = None, *, renew_lease: bool = True) -> RunResult:
     """Re-check, then run the handler while the lease is renewed. Never raises for handler errors."""
-    cancel_event = cancel_event or threading.Event()
-    verdict = _precheck(claim)
+    verdict = precheck(claim)
     if verdict is not None:
         return verdict
+    cancel_event = cancel_event or threading.Event()
+    ticket = lease_renewer().register(claim, cancel_event, handler_deadline()) if renew_lease else None
+    try:
+        return run_handler(claim, cancel_event, ticket)
+    finally:
+        if ticket is not None:
+            lease_renewer().unregister(ticket)
+
+
+def handler_deadline() -> float:
+    """The monotonic instant a handler started now must be done by. Kept under RabbitMQ's consumer_timeout, which
+    would otherwise close the channel of an unacknowledged envelope."""
+    return time.monotonic() + settings.SCHEDULER_HANDLER_TIMEOUT_SECONDS
+
+
+def run_handler(claim: Claim, cancel_event: threading.Event, ticket: Ticket | None) -> RunResult:
+    """The side effect itself, after the re-check: the handler with its context. Never raises for handler errors."""
     try:
         fn = get_handler(claim.handler)
     except KeyError:
         return RunResult("failed", "permanent", f"unknown handler {claim.handler!r}")
-    # Kept under RabbitMQ's consumer_timeout, which would otherwise close the channel of an unacknowledged envelope.
-    timeout = settings.SCHEDULER_HANDLER_TIMEOUT_SECONDS
+    deadline = ticket.deadline if ticket is not None else handler_deadline()
     context = HandlerContext(
         occurrence_id=claim.occurrence_id,
         schedule_id=claim.schedule_id,
@@ -99,10 +117,9 @@ def run_claimed(claim: Claim, cancel_event: threading.Event | None = None, *, re
         payload=claim.payload,
         handler=claim.handler,
         cancel_event=cancel_event,
-        deadline=claim.claimed_at + timedelta(seconds=timeout),
-        _deadline_monotonic=time.monotonic() + timeout,
+        deadline=claim.claimed_at + timedelta(seconds=settings.SCHEDULER_HANDLER_TIMEOUT_SECONDS),
+        _deadline_monotonic=deadline,
     )
-    ticket = lease_renewer().register(claim, cancel_event, context._deadline_monotonic) if renew_lease else None
     started = time.monotonic()
     try:
         fn(context)
@@ -116,15 +133,35 @@ def run_claimed(claim: Claim, cancel_event: threading.Event | None = None, *, re
         )
     finally:
         counters.WORKER_HANDLER_SECONDS.labels(claim.handler).observe(time.monotonic() - started)
-        if ticket is not None:
-            lease_renewer().unregister(ticket)
 
 
-def _precheck(claim: Claim) -> RunResult | None:
+def precheck(claim: Claim) -> RunResult | None:
     """A cancel or update between claim and side effect wins; a lost generation runs nothing."""
     with connection.cursor() as cursor:
         cursor.execute(claim_sql.PRECHECK, claim.key)
         row = cursor.fetchone()
+    return _precheck_verdict(claim, row)
+
+
+def precheck_many(claims: list[Claim]) -> dict[uuid.UUID, RunResult]:
+    """`precheck` for many claims in one statement: the verdict of each claim that must not run (the others may)."""
+    if not claims:
+        return {}
+    with PreparedCursor() as cursor:
+        cursor.execute(
+            claim_sql.PRECHECK_MANY,
+            {"occurrence_ids": [c.occurrence_id for c in claims], "scheduled_fors": [c.scheduled_for for c in claims]},
+        )
+        rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    verdicts = {}
+    for claim in claims:
+        verdict = _precheck_verdict(claim, rows.get(claim.occurrence_id))
+        if verdict is not None:
+            verdicts[claim.occurrence_id] = verdict
+    return verdicts
+
+
+def _precheck_verdict(claim: Claim, row: tuple | None) -> RunResult | None:
     if row is None:
         return RunResult("fenced", "", "occurrence vanished")
     schedule_state, schedule_version, state, attempt_count, forced = row
@@ -206,12 +243,76 @@ def complete(claim: Claim, result: RunResult, now: datetime | None = None) -> st
         if not fenced:
             # Last statement: the tenant's running slot goes back with the state change (see dispatch/sql/quotas).
             release_running_slots(cursor, [claim.tenant_id])
-    outcome = "fenced" if fenced else str(new_state)
+    return _report_completion(claim, result, None if fenced else new_state, reason)
+
+
+def complete_many(results: list[tuple[Claim, RunResult]], now: datetime | None = None) -> dict[uuid.UUID, str]:
+    """`complete` for many attempts at once; returns each occurrence's new state or "fenced".
+
+    Outcomes that need nothing but their own row (succeeded, dead, canceled) are written for all in one
+    transaction, one statement each for the occurrences, the attempts and the running slots; a retry (its budget,
+    its envelope) or a queue_one completion (the held sibling) goes through `complete` alone.
+    """
+    outcomes: dict[uuid.UUID, str] = {}
+    batch, alone = [], []
+    for claim, result in results:
+        new_state, attempt_outcome, reason = _outcome(claim, result)
+        if new_state == OccurrenceState.RETRY_WAIT or claim.overlap_policy == OverlapPolicy.QUEUE_ONE:
+            alone.append((claim, result))
+        else:
+            batch.append((claim, result, new_state, attempt_outcome, reason))
+    if batch:
+        with transaction.atomic(), PreparedCursor() as cursor:
+            cursor.execute(
+                claim_sql.COMPLETE_MANY,
+                {
+                    "occurrence_ids": [c.occurrence_id for c, *_ in batch],
+                    "scheduled_fors": [c.scheduled_for for c, *_ in batch],
+                    "generations": [c.generation for c, *_ in batch],
+                    "new_states": [str(state) for _, _, state, _, _ in batch],
+                    "reasons": [reason for *_, reason in batch],
+                    "held_states": [OccurrenceState.RUNNING.value] * len(batch),
+                    "now": now,
+                },
+            )
+            done = dict(cursor.fetchall())
+            cursor.execute(
+                claim_sql.FINISH_ATTEMPTS,
+                {
+                    "attempt_ids": [c.attempt_id for c, *_ in batch],
+                    "scheduled_fors": [c.scheduled_for for c, *_ in batch],
+                    "outcomes": [
+                        attempt_outcome if c.occurrence_id in done else "fenced"
+                        for c, _, _, attempt_outcome, _ in batch
+                    ],
+                    "error_classes": [r.error_class for _, r, *_ in batch],
+                    "errors": [r.error[:ERROR_MAX_CHARS] for _, r, *_ in batch],
+                    "now": next(iter(done.values()), now),
+                },
+            )
+            # Last statement: the running slots go back with the state changes (see dispatch/sql/quotas).
+            release_running_slots(cursor, [c.tenant_id for c, *_ in batch if c.occurrence_id in done])
+        for claim, result, new_state, _, reason in batch:
+            fenced = claim.occurrence_id not in done
+            outcomes[claim.occurrence_id] = _report_completion(claim, result, None if fenced else new_state, reason)
+    for claim, result in alone:
+        outcomes[claim.occurrence_id] = complete(claim, result, now)
+    return outcomes
+
+
+def _report_completion(claim: Claim, result: RunResult, new_state: str | None, reason: str) -> str:
+    """Count and log one completion (`new_state` None: fenced); returns its outcome."""
+    fenced = new_state is None
+    outcome = "fenced" if new_state is None else str(new_state)
     counters.WORKER_COMPLETIONS.labels(outcome).inc()
     if outcome == OccurrenceState.RETRY_WAIT:
         counters.WORKER_RETRIES.inc()
+    # Each ordinary completion at DEBUG: at thousands a second, a line each would cost more than the work.
+    level = logging.WARNING if fenced or new_state == OccurrenceState.DEAD else logging.DEBUG
+    if outcome == OccurrenceState.RETRY_WAIT:
+        level = logging.INFO
     logger.log(
-        logging.WARNING if fenced or new_state == OccurrenceState.DEAD else logging.INFO,
+        level,
         "occurrence %s generation %d: %s%s%s",
         claim.occurrence_id,
         claim.generation,

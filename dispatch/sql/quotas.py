@@ -127,6 +127,34 @@ WHERE r.running < COALESCE((SELECT NULLIF(t.max_running, 0) FROM tenants_tenant 
 RETURNING r.running
 """
 
+# TAKE_RUNNING_SLOT for up to `wanted` occurrences of one tenant at once (an envelope's claims): as many as the
+# quota has room for. RETURNING shows only new values, so the number granted is stored in last_taken by the same
+# SET and read back from there (as RESERVE_FIRES does with last_granted).
+_RUNNING_CAP = (
+    "(SELECT COALESCE(NULLIF(t.max_running, 0), 2147483647) FROM tenants_tenant AS t WHERE t.id = r.tenant_id)"
+)
+TAKE_RUNNING_SLOTS = (
+    """
+INSERT INTO dispatch_tenant_running AS r (tenant_id, running, last_taken)
+SELECT t.id, LEAST(%(wanted)s, c.cap), LEAST(%(wanted)s, c.cap)
+FROM tenants_tenant AS t CROSS JOIN LATERAL (SELECT COALESCE(NULLIF(t.max_running, 0), 2147483647) AS cap) AS c
+WHERE t.id = %(tenant_id)s
+ON CONFLICT (tenant_id) DO UPDATE SET
+    running = r.running + LEAST(%(wanted)s, GREATEST(0, """
+    + _RUNNING_CAP
+    + """ - r.running)),
+    last_taken = LEAST(%(wanted)s, GREATEST(0, """
+    + _RUNNING_CAP
+    + """ - r.running))
+RETURNING r.last_taken
+"""
+)
+
+# Claims refused by the quota are counted (the console shows them per tenant). Its own short statement.
+COUNT_THROTTLED_CLAIMS = """
+UPDATE dispatch_tenant_running SET throttled_claims = throttled_claims + %(count)s WHERE tenant_id = %(tenant_id)s
+"""
+
 # A claim refused by the quota is counted (the console shows it per tenant). Its own short statement.
 COUNT_THROTTLED_CLAIM = """
 UPDATE dispatch_tenant_running SET throttled_claims = throttled_claims + 1 WHERE tenant_id = %(tenant_id)s

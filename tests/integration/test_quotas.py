@@ -12,12 +12,12 @@ import pytest
 from django.db import connection
 
 from dispatch.backfill import backfill_schedule
-from dispatch.engine.claims import Claim, Drop, try_claim
+from dispatch.engine.claims import Claim, Drop, claim_many, try_claim
 from dispatch.engine.leases import reap_expired_leases
 from dispatch.engine.materializer import Materializer
 from dispatch.engine.retry import RunResult
 from dispatch.engine.worker import complete
-from dispatch.models import Occurrence, OccurrenceState, OutboxMessage, ProcessHeartbeat, ShardLease
+from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage, ProcessHeartbeat, ShardLease
 from schedules.clock import db_now
 from tenants.models import Tenant
 
@@ -59,6 +59,28 @@ def enqueued(make_schedule, make_occurrence):
 
 
 # --- max_running --------------------------------------------------------------------------------------------------
+
+
+def test_an_envelope_claimed_at_once_gets_only_the_slots_left_and_the_rest_waits_with_no_attempt(
+    quota_tenant, enqueued
+):
+    first = enqueued(quota_tenant, 1)[0]
+    assert isinstance(try_claim(first.occurrence_id, first.scheduled_for, WORKER), Claim)
+    occurrences = enqueued(quota_tenant, 5)
+
+    batch = claim_many([(o.occurrence_id, o.scheduled_for) for o in occurrences], WORKER)
+
+    assert [c.occurrence_id for c in batch.claims] == [occurrences[0].occurrence_id], "one slot was left of two"
+    assert [(d.reason, d.state) for _, d in batch.drops] == [("running_quota", OccurrenceState.RETRY_WAIT)] * 4
+    assert running_count(quota_tenant) == (2, 4)
+    for occurrence in occurrences[1:]:
+        occurrence.refresh_from_db()
+        assert (occurrence.state, occurrence.attempt_count) == (OccurrenceState.RETRY_WAIT, 0)
+        assert not Attempt.objects.filter(occurrence_id=occurrence.occurrence_id).exists(), "its claim was undone"
+        assert OutboxMessage.objects.filter(occurrence_ids__contains=[occurrence.occurrence_id]).exists()
+    claimed = Occurrence.objects.get(pk=occurrences[0].pk)
+    assert (claimed.state, claimed.attempt_count) == (OccurrenceState.RUNNING, 1)
+    assert list(Attempt.objects.filter(occurrence_id=claimed.occurrence_id).values_list("generation", flat=True)) == [1]
 
 
 def test_claims_over_max_running_wait_in_retry_wait_with_their_attempts_untouched(quota_tenant, enqueued):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -32,6 +33,7 @@ WORKER = "test-worker"
 # Fires of the recent past: the materializer would have produced them; any partition (or DEFAULT) takes them.
 BASE = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=30)
 LATE_OK = 24 * 3600
+HOUR = timedelta(hours=1)
 
 
 # --- fixtures and helpers -------------------------------------------------------------------------------------
@@ -711,3 +713,75 @@ def test_the_task_logs_and_drops_a_malformed_envelope_without_raising(db, conten
 
 def test_the_task_drops_a_message_with_extra_arguments():
     assert tasks.run_envelope({"v": BODY_VERSION, "occurrences": []}, "extra") == {}
+
+
+# --- the batched path decides as the one-by-one path does -------------------------------------------------------
+
+
+def mixed_situations(tenant, make_schedule, add_occurrence, make_occurrence) -> list[Occurrence]:
+    """One occurrence per situation a delivery can meet; the same rows for either path."""
+    ordinary = make_schedule(tenant)
+    finished = add_occurrence(make_schedule(tenant), state=OccurrenceState.SUCCEEDED)
+    canceled = make_schedule(tenant)
+    canceled_fire = add_occurrence(canceled)
+    services.cancel_schedule(canceled, actor="t")
+    late = make_schedule(tenant, max_lateness_seconds=60)
+    late_fire = make_occurrence(late, at=db_now() - timedelta(hours=2), state=OccurrenceState.ENQUEUED)
+    early = add_occurrence(
+        make_schedule(tenant), state=OccurrenceState.RETRY_WAIT, attempt_count=1, available_at=db_now() + HOUR
+    )
+    overlapping = make_schedule(tenant, overlap_policy="skip_if_running")
+    running_sibling = add_occurrence(overlapping, minute=0)
+    assert claim_of(running_sibling) is not None
+    skipped = add_occurrence(overlapping, minute=1)
+    expired = add_occurrence(
+        make_schedule(tenant), state=OccurrenceState.RUNNING, attempt_count=1, lease_expires_at=db_now() - HOUR
+    )
+    Attempt.objects.create(
+        occurrence_id=expired.occurrence_id,
+        scheduled_for=expired.scheduled_for,
+        generation=1,
+        worker="gone",
+        started_at=BASE,
+    )
+    return [add_occurrence(ordinary, minute=3), finished, canceled_fire, late_fire, early, skipped, expired]
+
+
+def outcome_rows(occurrences: list[Occurrence]) -> list[tuple[str, int, str, list[tuple[int, str]]]]:
+    rows = []
+    for occurrence in occurrences:
+        occurrence.refresh_from_db()
+        attempts = [(a, o) for a, o, _ in attempts_of(occurrence)]
+        reason = re.sub(r"[0-9a-f]{8}-[0-9a-f-]{27}", "<id>", occurrence.state_reason)  # each path has its own rows
+        rows.append((occurrence.state, occurrence.attempt_count, reason, attempts))
+    return rows
+
+
+def test_an_envelope_claimed_in_one_batch_ends_each_occurrence_as_one_by_one_claims_do(
+    committed, make_schedule, add_occurrence, make_occurrence
+):
+    alone = mixed_situations(committed, make_schedule, add_occurrence, make_occurrence)
+    batched = mixed_situations(committed, make_schedule, add_occurrence, make_occurrence)
+    unknown = (uuid.uuid4(), BASE)
+
+    for occurrence in alone:
+        worker.process_occurrence(occurrence.occurrence_id, occurrence.scheduled_for, WORKER)
+    outcomes = tasks.run_envelope(
+        {
+            **envelope_of(*batched),
+            "occurrences": [*envelope_of(*batched)["occurrences"], [str(unknown[0]), utc_key(BASE)]],
+        }
+    )
+
+    assert outcome_rows(batched) == outcome_rows(alone)
+    states = [row[0] for row in outcome_rows(batched)]
+    assert states == [
+        OccurrenceState.SUCCEEDED,  # ordinary
+        OccurrenceState.SUCCEEDED,  # finished before: untouched
+        OccurrenceState.CANCELED,
+        OccurrenceState.MISSED,
+        OccurrenceState.RETRY_WAIT,  # an early duplicate of a retry
+        OccurrenceState.SKIPPED_OVERLAP,  # decided alone: its schedule's row is locked first
+        OccurrenceState.SUCCEEDED,  # taken over from an expired lease, generation 2
+    ]
+    assert outcomes == {OccurrenceState.SUCCEEDED: 2, "dropped": 6}
