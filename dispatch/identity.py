@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from datetime import UTC, datetime
 
@@ -9,8 +10,13 @@ from datetime import UTC, datetime
 OCCURRENCE_NAMESPACE = uuid.UUID("6f1c2b8e-5a43-4d0e-9b7e-2c1f0a9d8e71")
 
 
+@functools.lru_cache(maxsize=65536)
 def utc_key(instant: datetime) -> str:
-    """Canonical UTC text of an instant (microseconds kept, so distinct instants never share a key)."""
+    """Canonical UTC text of an instant (microseconds kept, so distinct instants never share a key).
+
+    Remembered: a top-of-hour burst names the same few instants for every fire (each twice: its id and its
+    envelope), and formatting them was a tenth of the materializer's Python time.
+    """
     if instant.tzinfo is None:
         raise ValueError("occurrence instants must be timezone-aware")
     return instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

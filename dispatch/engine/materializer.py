@@ -30,6 +30,7 @@ from dispatch.outbox import Fire, enqueue
 from dispatch.partitions import ensure_partitions
 from dispatch.planning import DueSchedule, Plan, fire_cap, plan_schedule
 from dispatch.quotas import pace_planned
+from dispatch.sql import PreparedCursor
 from dispatch.sql import leases as lease_sql
 from dispatch.sql import materialize as materialize_sql
 from schedules.clock import db_now
@@ -160,7 +161,7 @@ class Materializer:
         """Plan and write one batch; returns the number of schedules processed."""
         if not self.leases:
             return 0
-        with transaction.atomic(), connection.cursor() as cursor:
+        with transaction.atomic(), PreparedCursor() as cursor:
             cursor.execute(
                 lease_sql.CONFIRM_SHARD_LEASES,
                 {"owner": self.name, "shards": list(self.leases), "generations": list(self.leases.values())},

@@ -5,6 +5,8 @@ Names are unique across the modules, so a statement is found by name with one gr
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any
 
 import psycopg
@@ -44,11 +46,12 @@ class PreparedCursor:
 
     def execute(self, query: str, params: Any = None) -> None:
         with self._django.wrap_database_errors:
-            self._cursor.execute(query, params, prepare=True)
+            # Binary results too: timestamps and uuids are unpacked instead of parsed from text.
+            self._cursor.execute(_binary(query), params, prepare=True, binary=True)
 
     def executemany(self, query: str, params_seq: Any) -> None:
         with self._django.wrap_database_errors:
-            self._cursor.executemany(query, params_seq)
+            self._cursor.executemany(_binary(query), params_seq)
 
     def fetchone(self) -> Any:
         return self._cursor.fetchone()
@@ -65,3 +68,14 @@ class PreparedCursor:
 
     def __exit__(self, *exc: object) -> None:
         self._cursor.close()
+
+
+@functools.lru_cache(maxsize=256)
+def _binary(query: str) -> str:
+    """The query with its placeholders asking for binary parameters (`%b`): arrays of a thousand uuids and instants
+    are packed as bytes instead of quoted text element by element (a fifth of the materializer's CPU)."""
+    return _PLACEHOLDER.sub(lambda m: m.group(0)[:-1] + "b", query)
+
+
+# `%s` and `%(name)s`, not preceded by another `%` (a literal `%%s` stays text).
+_PLACEHOLDER = re.compile(r"(?<!%)%(?:\(\w+\))?s")

@@ -1,4 +1,4 @@
-"""`manage.py bench burst|drain|fairness|peer-beat ...`: benchmarks operators use to size a deployment.
+"""`manage.py bench burst|drain|fairness|peer-beat|celery-noop ...`: benchmarks operators use to size a deployment.
 
 The commands and measured figures are in docs/BENCHMARKS.md.
 """
@@ -11,6 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dispatch.bench.burst import BenchRefused, BurstBenchmark, BurstConfig
+from dispatch.bench.celery_noop import CeleryNoopBenchmark, CeleryNoopConfig
 from dispatch.bench.drain import DrainBenchmark, DrainConfig
 from dispatch.bench.fairness import FairnessBenchmark, FairnessConfig
 from dispatch.bench.peer_beat import (
@@ -29,7 +30,7 @@ class Command(BaseCommand):
     help = (
         "Benchmarks. `bench burst`: N fires due at one instant through the real materializer and relay. "
         "`bench drain`: the burst through real workers. `bench peer-beat`: the same N tasks under django-celery-beat, "
-        "for comparison."
+        "for comparison. `bench celery-noop`: a plain Celery worker running a noop task, one message each."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -66,6 +67,11 @@ class Command(BaseCommand):
         fair.add_argument("--materializers", type=int, default=1)
         fair.add_argument("--relays", type=int, default=1)
         fair.add_argument("--deadline", type=float, default=120.0, help="seconds after T0 before giving up")
+        noop = sub.add_parser(
+            "celery-noop", help="a plain Celery worker running a noop task, one message per task: Celery's floor"
+        )
+        noop.add_argument("--tasks", type=int, required=True, help="task messages to publish and run")
+        noop.add_argument("--concurrency", type=int, default=2, help="pool processes of the worker")
         peer = sub.add_parser(
             "peer-beat",
             help="the same burst under django-celery-beat's DatabaseScheduler (needs requirements-bench.txt)",
@@ -75,6 +81,8 @@ class Command(BaseCommand):
         peer.add_argument("--lags-out", type=Path, default=None, help="write each message's lag (s), one per line")
 
     def handle(self, *args, **options) -> None:
+        if options["bench"] == "celery-noop":
+            self.handle_celery_noop(options)
         if options["bench"] == "burst":
             self.handle_burst(options)
         elif options["bench"] == "drain":
@@ -152,6 +160,13 @@ class Command(BaseCommand):
         except BenchRefused as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(result_line(result))
+
+    def handle_celery_noop(self, options: dict[str, Any]) -> None:
+        for name in ("tasks", "concurrency"):
+            if options[name] < 1:
+                raise CommandError(f"--{name} must be at least 1")
+        config = CeleryNoopConfig(tasks=options["tasks"], concurrency=options["concurrency"])
+        self.stdout.write(result_line(CeleryNoopBenchmark(config, out=self.stdout).run()))
 
     def handle_peer_beat(self, options: dict[str, Any]) -> None:
         config = peer_beat_config(options)
