@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -26,8 +25,8 @@ from django.db import connection
 from kombu import Connection as BrokerConnection
 from tqdm import tqdm
 
+from dispatch.bench.measure import BurstMeasurements
 from dispatch.bench.processes import PROJECT_ROOT, children_rss_peak_mb, database_url
-from dispatch.queues import queue_arguments
 from schedules.clock import db_now
 from schedules.models import shard_for
 from tenants.models import Tenant
@@ -69,7 +68,8 @@ class BurstConfig:
     queue_type: str = "classic"  # classic or quorum (SCHEDULER_QUEUE_TYPE of the processes)
 
 
-class BurstBenchmark:
+class BurstBenchmark(BurstMeasurements):
+    queues = (BENCH_STRICT_QUEUE, BENCH_FLEXIBLE_QUEUE)
     # The API's largest max lateness (a week).
     BENCH_MAX_LATENESS_SECONDS = 7 * 24 * 3600
     # The handler of the bench schedules; the burst never runs it (no workers), the drain does.
@@ -295,123 +295,6 @@ class BurstBenchmark:
                 proc.kill()
         return peaks
 
-    # --- measurement -------------------------------------------------------------------------------------------
-
-    def counts(self) -> tuple[int, int, int]:
-        """(occurrences in envelopes, occurrences in broker-confirmed envelopes, envelopes not yet published) for
-        the bench tenants.
-
-        Read from the outbox only (a few thousand rows): counting the occurrence table every poll would compete
-        with the processes being measured. Settling removes envelopes only once nothing is due, after the burst,
-        so the callers keep the highest value seen.
-        """
-        with connection.cursor() as cursor:
-            cursor.execute(
-                """
-                SELECT coalesce(sum(cardinality(occurrence_ids)), 0),
-                       coalesce(sum(cardinality(occurrence_ids)) FILTER (WHERE published_at IS NOT NULL), 0),
-                       count(*) FILTER (WHERE published_at IS NULL)
-                FROM dispatch_outboxmessage WHERE tenant_id = ANY(%(t)s)
-                """,
-                {"t": self.tenant_ids},
-            )
-            return cursor.fetchone()
-
-    @staticmethod
-    def _lags_cte(reference: str) -> str:
-        """Confirmation stamp minus `reference` (scheduled_for or available_at) per occurrence, from unsettled
-        envelopes and settled occurrences alike: the durable broker-confirmation record."""
-        return f"""
-                WITH lags AS (
-                    SELECT EXTRACT(EPOCH FROM (o.enqueued_at - o.{reference})) AS lag
-                    FROM dispatch_occurrence o
-                    WHERE o.tenant_id = ANY(%(t)s) AND o.enqueued_at IS NOT NULL
-                    UNION ALL
-                    SELECT EXTRACT(EPOCH FROM (m.published_at - o.{reference}))
-                    FROM dispatch_outboxmessage m
-                    CROSS JOIN LATERAL unnest(m.occurrence_ids, m.scheduled_fors) AS u(id, sf)
-                    JOIN dispatch_occurrence o ON o.occurrence_id = u.id AND o.scheduled_for = u.sf
-                    WHERE m.tenant_id = ANY(%(t)s) AND m.published_at IS NOT NULL AND o.enqueued_at IS NULL
-                )
-                """
-
-    def write_lags(self, path: str) -> None:
-        with connection.cursor() as cursor, open(path, "w") as out:
-            cursor.execute(
-                self._lags_cte("scheduled_for") + "SELECT lag FROM lags ORDER BY lag", {"t": self.tenant_ids}
-            )
-            for (lag,) in cursor.fetchall():
-                out.write(f"{float(lag):.6f}\n")
-
-    def lag_stats(self, reference: str) -> dict[str, float | int]:
-        """Percentiles of the lags of `_lags_cte`."""
-        with connection.cursor() as cursor:
-            cursor.execute(
-                self._lags_cte(reference)
-                + """
-                SELECT count(*),
-                       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
-                       percentile_cont(0.95) WITHIN GROUP (ORDER BY lag),
-                       percentile_cont(0.99) WITHIN GROUP (ORDER BY lag),
-                       max(lag), min(lag)
-                FROM lags
-                """,
-                {"t": self.tenant_ids},
-            )
-            count, p50, p95, p99, lag_max, lag_min = cursor.fetchone()
-        return {
-            "enqueued": int(count),
-            "lag_p50_s": round(float(p50 or 0), 3),
-            "lag_p95_s": round(float(p95 or 0), 3),
-            "lag_p99_s": round(float(p99 or 0), 3),
-            "lag_max_s": round(float(lag_max or 0), 3),
-            "lag_min_s": round(float(lag_min or 0), 3),
-        }
-
-    def duplicate_count(self) -> int:
-        """Fires that got more than one occurrence row (must be 0: the unique key forbids it)."""
-        with connection.cursor() as cursor:
-            cursor.execute(
-                """
-                SELECT count(*) FROM (
-                    SELECT schedule_id, scheduled_for FROM dispatch_occurrence
-                    WHERE tenant_id = ANY(%s) GROUP BY 1, 2 HAVING count(*) > 1) AS d
-                """,
-                [self.tenant_ids],
-            )
-            return cursor.fetchone()[0]
-
-    def audit_queues(self) -> dict[str, int]:
-        """Read back every message from the bench queues: the broker's own account of what arrived.
-
-        Returns messages, distinct envelopes, duplicate messages and distinct occurrences found on the queues.
-        """
-        messages = 0
-        envelopes: set[str] = set()
-        occurrences: set[str] = set()
-        with BrokerConnection(settings.CELERY_BROKER_URL) as broker:
-            for queue in (BENCH_STRICT_QUEUE, BENCH_FLEXIBLE_QUEUE):
-                # queue_args, not queue_opts: kombu's SimpleQueue passes queue_arguments itself (a second one raises).
-                simple = broker.SimpleQueue(queue, no_ack=True, queue_args=queue_arguments(self.config.queue_type))
-                try:
-                    while True:
-                        try:
-                            message = simple.get(block=False)
-                        except simple.Empty:
-                            break
-                        messages += 1
-                        envelopes.add(message.headers.get("id"))
-                        args = json.loads(message.body)[0]
-                        occurrences.update(pair[0] for pair in args[0]["occurrences"])
-                finally:
-                    simple.close()
-        return {
-            "messages": messages,
-            "envelopes": len(envelopes),
-            "duplicate_messages": messages - len(envelopes),
-            "occurrences": len(occurrences),
-        }
-
     # --- run ---------------------------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
@@ -470,6 +353,8 @@ class BurstBenchmark:
             "confirmed": max(confirmed, stats["enqueued"]),
             "peak_rss_mb": peaks,
             "envelope_size": settings.SCHEDULER_ENVELOPE_SIZE,
+            "setup_s": round(setup_s, 1),
+            **self.table_sizes(),
             "cpu_count": os.cpu_count(),
         }
         if config.lane == "flexible":
@@ -499,21 +384,6 @@ class BurstBenchmark:
                     return None
                 self._check_alive()
                 time.sleep(1.0)
-
-    def _materialize_rate(self) -> float | None:
-        """Schedules materialized per second: from the start of the first batch (the occurrences' created_at is the
-        batch's clock reading) to the commit of the last envelope (written at clock_timestamp()), all processes."""
-        with connection.cursor() as cursor:
-            cursor.execute(
-                """
-                SELECT EXTRACT(EPOCH FROM
-                    (SELECT max(created_at) FROM dispatch_outboxmessage WHERE tenant_id = ANY(%(t)s))
-                    - (SELECT min(created_at) FROM dispatch_occurrence WHERE tenant_id = ANY(%(t)s)))
-                """,
-                {"t": self.tenant_ids},
-            )
-            span = cursor.fetchone()[0]
-        return round(self.config.schedules / float(span), 1) if span else None
 
     def _wait_confirmed(self, t0: datetime) -> int:
         total = self.config.schedules

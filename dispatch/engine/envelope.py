@@ -218,6 +218,10 @@ class EnvelopeRunner:
                 outcomes["db_error"] += 1
             elif result is FAILED_TO_RUN:
                 outcomes["error"] += 1
+        # These handlers are done: their leases need no renewal for the moment it takes to complete them (and one
+        # left uncompleted expires and is retried by the reaper). Unregistered first, so a renewal round running
+        # meanwhile does not take a completed row for a lost lease.
+        lease_renewer().unregister_many(tickets)
         try:
             if finished:
                 crash_point("worker.after_effect")
@@ -226,10 +230,6 @@ class EnvelopeRunner:
             logger.exception("database error completing an envelope", extra={"action": "occurrence_db_error"})
             connection.close()
             outcomes["db_error"] += len(finished)
-        finally:
-            # Completed or not, these handlers are done: their leases are no longer renewed (an uncompleted one
-            # expires and the reaper retries it).
-            lease_renewer().unregister_many(tickets)
         return outcomes
 
     # --- one by one ----------------------------------------------------------------------------------------------

@@ -149,7 +149,11 @@ class LeaseRenewer:
                 },
             )
             renewed = {(occurrence_id, generation): current for occurrence_id, generation, current in cursor.fetchall()}
-        for ticket in tickets:
+        with self._lock:
+            # A handler that finished while the round ran was completed and unregistered: its row is no longer
+            # running, which is no lost lease.
+            still_running = [t for t in tickets if self._tickets.get(t.claim.attempt_id) is t]
+        for ticket in still_running:
             current = renewed.get((ticket.claim.occurrence_id, ticket.claim.generation))
             if current is None:
                 ticket.signal("lease_lost")

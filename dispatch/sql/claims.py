@@ -301,7 +301,20 @@ WHERE id = %(attempt_id)s AND scheduled_for = %(scheduled_for)s
 # then ANDed a bitmap of that whole index (every row running since the last vacuum, dead ones included) into each
 # primary-key probe. Measured with perf on the PostgreSQL backends during a 100,000-fire drain: BitmapAnd was the
 # largest cost, and it grew with every occurrence run.
+# The rows are locked first in primary-key order (`locked`), the order the relay's settle step locks them in too:
+# two statements that each change many occurrences wait for each other's rows, and in different orders they
+# deadlocked (seen in a 100,000-fire drain: a settle batch against a completion, one envelope rolled back and retried).
 COMPLETE_MANY = """
+WITH mine AS (
+    SELECT * FROM unnest(%(occurrence_ids)s::uuid[], %(scheduled_fors)s::timestamptz[], %(generations)s::int[],
+                         %(new_states)s::text[], %(reasons)s::text[], %(held_states)s::text[])
+         AS m(occurrence_id, scheduled_for, generation, new_state, reason, held_state)
+), locked AS (
+    SELECT o.occurrence_id, o.scheduled_for FROM dispatch_occurrence AS o
+    JOIN mine ON o.occurrence_id = mine.occurrence_id AND o.scheduled_for = mine.scheduled_for
+    ORDER BY o.occurrence_id, o.scheduled_for
+    FOR UPDATE OF o
+)
 UPDATE dispatch_occurrence AS o
 SET state = mine.new_state,
     finished_at = n.now,
@@ -311,9 +324,8 @@ SET state = mine.new_state,
                                           ELSE 'schedule changed to version ' || s.version END
                               FROM schedules_schedule AS s WHERE s.id = o.schedule_id)
                         ELSE mine.reason END
-FROM unnest(%(occurrence_ids)s::uuid[], %(scheduled_fors)s::timestamptz[], %(generations)s::int[],
-            %(new_states)s::text[], %(reasons)s::text[], %(held_states)s::text[])
-     AS mine(occurrence_id, scheduled_for, generation, new_state, reason, held_state),
+FROM mine
+JOIN locked ON locked.occurrence_id = mine.occurrence_id AND locked.scheduled_for = mine.scheduled_for,
      (SELECT COALESCE(%(now)s::timestamptz, clock_timestamp()) AS now) AS n
 WHERE o.occurrence_id = mine.occurrence_id AND o.scheduled_for = mine.scheduled_for
   AND o.state = mine.held_state AND o.attempt_count = mine.generation

@@ -55,6 +55,8 @@ DELETE_ENVELOPES = "DELETE FROM dispatch_outboxmessage WHERE id = ANY(%(ids)s::b
 # and bucket before any JSON label is built (one jsonb_build_object per occurrence cost ~30 ms per statement), then
 # added to the stored totals in (name, labels) order like every other writer. `bounds` are the buckets' upper
 # bounds and `les` their labels, "+Inf" last. Returns the number of occurrences settled.
+# The occurrences are locked in primary-key order first, as the workers' batched completion locks them: many-row
+# updates of the same rows in different orders deadlock (dispatch/sql/claims.py COMPLETE_MANY).
 SETTLE_PUBLISHED = """
 WITH settled AS (
     DELETE FROM dispatch_outboxmessage
@@ -66,12 +68,18 @@ WITH settled AS (
     SELECT u.occurrence_id, u.scheduled_for, settled.published_at, settled.available_at AS released_at,
            settled.throttled
     FROM settled, unnest(settled.occurrence_ids, settled.scheduled_fors) AS u(occurrence_id, scheduled_for)
+), locked AS (
+    SELECT o.occurrence_id, o.scheduled_for FROM dispatch_occurrence AS o
+    JOIN members ON o.occurrence_id = members.occurrence_id AND o.scheduled_for = members.scheduled_for
+    ORDER BY o.occurrence_id, o.scheduled_for
+    FOR UPDATE OF o
 ), moved AS (
     UPDATE dispatch_occurrence AS o
     SET state = CASE WHEN o.state = 'scheduled' THEN 'enqueued' ELSE o.state END,
         enqueued_at = COALESCE(o.enqueued_at, members.published_at),
         throttled = o.throttled OR members.throttled
     FROM members
+    JOIN locked ON locked.occurrence_id = members.occurrence_id AND locked.scheduled_for = members.scheduled_for
     WHERE o.occurrence_id = members.occurrence_id AND o.scheduled_for = members.scheduled_for
     RETURNING o.lane, o.tenant_id, members.throttled, o.enqueued_at = members.published_at AS first_publish,
               GREATEST(0, EXTRACT(EPOCH FROM members.published_at - members.released_at))::float8 AS lag

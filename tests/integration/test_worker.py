@@ -19,10 +19,14 @@ from django.db.models import F
 from dispatch import counters, tasks
 from dispatch.engine import retry, worker
 from dispatch.engine.leases import reap_expired_leases
+from dispatch.engine.relay import _LAG_BUCKETS
+from dispatch.engine.retry import RunResult
 from dispatch.engine.worker import Claim, complete, run_claimed, try_claim
 from dispatch.envelopes import BODY_VERSION
 from dispatch.identity import utc_key
 from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
+from dispatch.outbox import Fire, enqueue
+from dispatch.sql import outbox as outbox_sql
 from schedules import services
 from schedules.clock import db_now
 from schedules.models import Schedule, ScheduleState
@@ -785,3 +789,31 @@ def test_an_envelope_claimed_in_one_batch_ends_each_occurrence_as_one_by_one_cla
         OccurrenceState.SUCCEEDED,  # taken over from an expired lease, generation 2
     ]
     assert outcomes == {OccurrenceState.SUCCEEDED: 2, "dropped": 6}
+
+
+def test_a_batched_completion_and_the_relay_settling_the_same_occurrences_never_deadlock(
+    committed, make_schedule, add_occurrence
+):
+    """Both change many occurrence rows in one statement; they lock them in one order, whatever order they are given
+    in. Before, a settle batch and a completion locking crosswise deadlocked (one rolled back, its envelope retried)."""
+    schedule = make_schedule(committed)
+    for round_ in range(6):
+        occurrences = [add_occurrence(schedule, minute=1000 * round_ + n) for n in range(150)]
+        claims = [claim_of(o) for o in occurrences]
+        with connection.cursor() as cursor:
+            # The envelope lists them in the reverse of the order the completion gives them in.
+            enqueue(cursor, [Fire.of(o, available_at=o.available_at) for o in reversed(occurrences)], size=1000)
+            cursor.execute("UPDATE dispatch_outboxmessage SET published_at = clock_timestamp()")
+
+        def settle() -> int:
+            with connection.cursor() as cursor:
+                cursor.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": 1000, **_LAG_BUCKETS})
+                return cursor.fetchone()[0]
+
+        done, settled = in_threads(
+            lambda claims=claims: worker.complete_many([(c, RunResult("succeeded")) for c in claims]), settle
+        )
+
+        assert set(done.values()) == {OccurrenceState.SUCCEEDED} and len(done) == 150
+        assert settled == 150
+        assert {state_of(o) for o in occurrences} == {OccurrenceState.SUCCEEDED}

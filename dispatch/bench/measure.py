@@ -1,0 +1,166 @@
+"""What the burst benchmarks measure, read from the durable record and the broker: confirmation lags, lost and
+duplicate fires, the materialization rate, and the size of the stored schedules."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from kombu import Connection as BrokerConnection
+
+from dispatch.queues import queue_arguments
+
+
+class BurstMeasurements:
+    """Mixed into the burst benchmarks: everything here reads the bench tenants' rows (`tenant_ids`) or queues."""
+
+    config: Any
+    tenant_ids: list[int]
+    queues: tuple[str, ...]
+
+    def counts(self) -> tuple[int, int, int]:
+        """(occurrences in envelopes, occurrences in broker-confirmed envelopes, envelopes not yet published) for
+        the bench tenants.
+
+        Read from the outbox only (a few thousand rows): counting the occurrence table every poll would compete
+        with the processes being measured. Settling removes envelopes only once nothing is due, after the burst,
+        so the callers keep the highest value seen.
+        """
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT coalesce(sum(cardinality(occurrence_ids)), 0),
+                       coalesce(sum(cardinality(occurrence_ids)) FILTER (WHERE published_at IS NOT NULL), 0),
+                       count(*) FILTER (WHERE published_at IS NULL)
+                FROM dispatch_outboxmessage WHERE tenant_id = ANY(%(t)s)
+                """,
+                {"t": self.tenant_ids},
+            )
+            return cursor.fetchone()
+
+    @staticmethod
+    def _lags_cte(reference: str) -> str:
+        """Confirmation stamp minus `reference` (scheduled_for or available_at) per occurrence, from unsettled
+        envelopes and settled occurrences alike: the durable broker-confirmation record."""
+        return f"""
+                WITH lags AS (
+                    SELECT EXTRACT(EPOCH FROM (o.enqueued_at - o.{reference})) AS lag
+                    FROM dispatch_occurrence o
+                    WHERE o.tenant_id = ANY(%(t)s) AND o.enqueued_at IS NOT NULL
+                    UNION ALL
+                    SELECT EXTRACT(EPOCH FROM (m.published_at - o.{reference}))
+                    FROM dispatch_outboxmessage m
+                    CROSS JOIN LATERAL unnest(m.occurrence_ids, m.scheduled_fors) AS u(id, sf)
+                    JOIN dispatch_occurrence o ON o.occurrence_id = u.id AND o.scheduled_for = u.sf
+                    WHERE m.tenant_id = ANY(%(t)s) AND m.published_at IS NOT NULL AND o.enqueued_at IS NULL
+                )
+                """
+
+    def write_lags(self, path: str) -> None:
+        with connection.cursor() as cursor, open(path, "w") as out:
+            cursor.execute(
+                self._lags_cte("scheduled_for") + "SELECT lag FROM lags ORDER BY lag", {"t": self.tenant_ids}
+            )
+            for (lag,) in cursor.fetchall():
+                out.write(f"{float(lag):.6f}\n")
+
+    def lag_stats(self, reference: str) -> dict[str, float | int]:
+        """Percentiles of the lags of `_lags_cte`."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                self._lags_cte(reference)
+                + """
+                SELECT count(*),
+                       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
+                       percentile_cont(0.95) WITHIN GROUP (ORDER BY lag),
+                       percentile_cont(0.99) WITHIN GROUP (ORDER BY lag),
+                       max(lag), min(lag)
+                FROM lags
+                """,
+                {"t": self.tenant_ids},
+            )
+            count, p50, p95, p99, lag_max, lag_min = cursor.fetchone()
+        return {
+            "enqueued": int(count),
+            "lag_p50_s": round(float(p50 or 0), 3),
+            "lag_p95_s": round(float(p95 or 0), 3),
+            "lag_p99_s": round(float(p99 or 0), 3),
+            "lag_max_s": round(float(lag_max or 0), 3),
+            "lag_min_s": round(float(lag_min or 0), 3),
+        }
+
+    @staticmethod
+    def table_sizes() -> dict[str, float]:
+        """The schedule table's heap and its indexes, in MiB: what 20 M stored schedules cost."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_table_size('schedules_schedule'), pg_indexes_size('schedules_schedule'),"
+                " (SELECT count(*) FROM schedules_schedule)"
+            )
+            heap, indexes, rows = cursor.fetchone()
+        return {
+            "schedule_rows": rows,
+            "schedule_table_mb": round(heap / 2**20, 1),
+            "schedule_indexes_mb": round(indexes / 2**20, 1),
+        }
+
+    def duplicate_count(self) -> int:
+        """Fires that got more than one occurrence row (must be 0: the unique key forbids it)."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT count(*) FROM (
+                    SELECT schedule_id, scheduled_for FROM dispatch_occurrence
+                    WHERE tenant_id = ANY(%s) GROUP BY 1, 2 HAVING count(*) > 1) AS d
+                """,
+                [self.tenant_ids],
+            )
+            return cursor.fetchone()[0]
+
+    def audit_queues(self) -> dict[str, int]:
+        """Read back every message from the bench queues: the broker's own account of what arrived.
+
+        Returns messages, distinct envelopes, duplicate messages and distinct occurrences found on the queues.
+        """
+        messages = 0
+        envelopes: set[str] = set()
+        occurrences: set[str] = set()
+        with BrokerConnection(settings.CELERY_BROKER_URL) as broker:
+            for queue in self.queues:
+                # queue_args, not queue_opts: kombu's SimpleQueue passes queue_arguments itself (a second one raises).
+                simple = broker.SimpleQueue(queue, no_ack=True, queue_args=queue_arguments(self.config.queue_type))
+                try:
+                    while True:
+                        try:
+                            message = simple.get(block=False)
+                        except simple.Empty:
+                            break
+                        messages += 1
+                        envelopes.add(message.headers.get("id"))
+                        args = json.loads(message.body)[0]
+                        occurrences.update(pair[0] for pair in args[0]["occurrences"])
+                finally:
+                    simple.close()
+        return {
+            "messages": messages,
+            "envelopes": len(envelopes),
+            "duplicate_messages": messages - len(envelopes),
+            "occurrences": len(occurrences),
+        }
+
+    def _materialize_rate(self) -> float | None:
+        """Schedules materialized per second: from the start of the first batch (the occurrences' created_at is the
+        batch's clock reading) to the commit of the last envelope (written at clock_timestamp()), all processes."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT EXTRACT(EPOCH FROM
+                    (SELECT max(created_at) FROM dispatch_outboxmessage WHERE tenant_id = ANY(%(t)s))
+                    - (SELECT min(created_at) FROM dispatch_occurrence WHERE tenant_id = ANY(%(t)s)))
+                """,
+                {"t": self.tenant_ids},
+            )
+            span = cursor.fetchone()[0]
+        return round(self.config.schedules / float(span), 1) if span else None
