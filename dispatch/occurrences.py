@@ -61,6 +61,9 @@ def invalidate_unclaimed_occurrences(
     withdrawn = Occurrence.objects.filter(
         schedule_id=schedule_id, schedule_version__lt=below_version, state__in=UNCLAIMED_STATES
     )
+    # Locked in primary-key order before they change, as every writer of many occurrences locks them
+    # (dispatch/sql/__init__.py): the relay settling the same rows must not deadlock with this.
+    list(withdrawn.order_by("occurrence_id", "scheduled_for").select_for_update().values_list("occurrence_id"))
     if keep_due_at is not None:
         # Fires due by then keep their slot: kept, so the worker's version re-check lets them run (its misfire and
         # deadline rules still apply).

@@ -301,7 +301,8 @@ SCHEDULER_RELAY_BATCH = env_int("SCHEDULER_RELAY_BATCH", 500, minimum=1)
 # and flexible work is never starved by a strict burst.
 SCHEDULER_FLEXIBLE_MIN_SHARE = env_float("SCHEDULER_FLEXIBLE_MIN_SHARE", 0.1, minimum=0.0, maximum=1.0)
 # Published envelopes settled (stamp copied to occurrences) per step while nothing is due.
-SCHEDULER_SETTLE_BATCH = env_int("SCHEDULER_SETTLE_BATCH", 50, minimum=1)
+# 20 envelopes of 250 = 5,000 occurrences a statement: the rows it locks are the ones the workers are completing.
+SCHEDULER_SETTLE_BATCH = env_int("SCHEDULER_SETTLE_BATCH", 20, minimum=1)
 # Longest nap of an idle relay: new envelopes for "now" (manual triggers, retries) wait at most this long.
 SCHEDULER_RELAY_MAX_IDLE_SECONDS = env_float("SCHEDULER_RELAY_MAX_IDLE_SECONDS", 0.25, minimum=0.01)
 # Durable queues per lane (the workers consume both by default).

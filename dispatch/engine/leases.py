@@ -145,6 +145,7 @@ class LeaseRenewer:
                     "scheduled_fors": [c.scheduled_for for c in claims],
                     "generations": [c.generation for c in claims],
                     "attempt_ids": [c.attempt_id for c in claims],
+                    "held_states": [OccurrenceState.RUNNING.value] * len(claims),
                     "lease": settings.SCHEDULER_WORKER_LEASE_SECONDS,
                 },
             )

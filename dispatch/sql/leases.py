@@ -92,16 +92,25 @@ FOR SHARE OF l
 # running under the presented generation: a lease lost to the reaper or a newer claim is not resurrected.
 # The result says, per renewed occurrence, whether its schedule is still the claimed version and not canceled.
 # Rows missing from the result lost their lease.
+# The rows are locked in primary-key order first, like every statement that changes many occurrences
+# (dispatch/sql/__init__.py), and the held state comes in as a column (COMPLETE_MANY says why).
 RENEW_OCCURRENCE_LEASES = """
 WITH mine AS (
     SELECT * FROM unnest(%(occurrence_ids)s::uuid[], %(scheduled_fors)s::timestamptz[], %(generations)s::int[],
-                         %(attempt_ids)s::bigint[]) AS m(occurrence_id, scheduled_for, generation, attempt_id)
+                         %(attempt_ids)s::bigint[], %(held_states)s::text[])
+         AS m(occurrence_id, scheduled_for, generation, attempt_id, held_state)
+), locked AS (
+    SELECT o.occurrence_id, o.scheduled_for FROM dispatch_occurrence AS o
+    JOIN mine ON o.occurrence_id = mine.occurrence_id AND o.scheduled_for = mine.scheduled_for
+    ORDER BY o.occurrence_id, o.scheduled_for
+    FOR UPDATE OF o
 ), renewed AS (
     UPDATE dispatch_occurrence AS o
     SET lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
     FROM mine
+    JOIN locked ON locked.occurrence_id = mine.occurrence_id AND locked.scheduled_for = mine.scheduled_for
     WHERE o.occurrence_id = mine.occurrence_id AND o.scheduled_for = mine.scheduled_for
-      AND o.state = 'running' AND o.attempt_count = mine.generation
+      AND o.state = mine.held_state AND o.attempt_count = mine.generation
     RETURNING o.occurrence_id, o.scheduled_for, o.attempt_count, o.schedule_id, o.schedule_version,
               o.lease_expires_at, mine.attempt_id, o.forced OR o.kept AS forced
 ), beat AS (

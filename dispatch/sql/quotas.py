@@ -72,10 +72,18 @@ WITH marked AS (
           AND available_at <= clock_timestamp() AND NOT throttled
         FOR UPDATE SKIP LOCKED)
     RETURNING m.tenant_id, m.occurrence_ids, m.scheduled_fors
+), members AS (
+    SELECT u.occurrence_id, u.scheduled_for
+    FROM marked, unnest(marked.occurrence_ids, marked.scheduled_fors) AS u(occurrence_id, scheduled_for)
+), locked AS (
+    -- Primary-key order, like every statement that changes many occurrences (dispatch/sql/__init__.py).
+    SELECT o.occurrence_id, o.scheduled_for FROM dispatch_occurrence AS o
+    JOIN members AS x ON o.occurrence_id = x.occurrence_id AND o.scheduled_for = x.scheduled_for
+    ORDER BY o.occurrence_id, o.scheduled_for
+    FOR UPDATE OF o
 ), flagged AS (
     UPDATE dispatch_occurrence AS o SET throttled = true
-    FROM (SELECT u.occurrence_id, u.scheduled_for
-          FROM marked, unnest(marked.occurrence_ids, marked.scheduled_fors) AS u(occurrence_id, scheduled_for)) AS x
+    FROM locked AS x
     WHERE o.occurrence_id = x.occurrence_id AND o.scheduled_for = x.scheduled_for
 )
 UPDATE dispatch_tenant_fire_bucket AS b SET throttled_fires = b.throttled_fires + s.fires

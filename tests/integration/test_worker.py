@@ -18,7 +18,7 @@ from django.db.models import F
 
 from dispatch import counters, tasks
 from dispatch.engine import retry, worker
-from dispatch.engine.leases import reap_expired_leases
+from dispatch.engine.leases import LeaseRenewer, reap_expired_leases
 from dispatch.engine.relay import _LAG_BUCKETS
 from dispatch.engine.retry import RunResult
 from dispatch.engine.worker import Claim, complete, run_claimed, try_claim
@@ -817,3 +817,27 @@ def test_a_batched_completion_and_the_relay_settling_the_same_occurrences_never_
         assert set(done.values()) == {OccurrenceState.SUCCEEDED} and len(done) == 150
         assert settled == 150
         assert {state_of(o) for o in occurrences} == {OccurrenceState.SUCCEEDED}
+
+
+def test_a_lease_renewal_and_the_relay_settling_the_same_occurrences_never_deadlock(
+    committed, make_schedule, add_occurrence
+):
+    schedule = make_schedule(committed)
+    for round_ in range(6):
+        occurrences = [add_occurrence(schedule, minute=1000 * round_ + n) for n in range(150)]
+        claims = [claim_of(o) for o in occurrences]
+        renewer = LeaseRenewer()
+        renewer.register_many([(c, threading.Event()) for c in reversed(claims)], time.monotonic() + 60)
+        with connection.cursor() as cursor:
+            enqueue(cursor, [Fire.of(o, available_at=o.available_at) for o in occurrences], size=1000)
+            cursor.execute("UPDATE dispatch_outboxmessage SET published_at = clock_timestamp()")
+
+        def settle() -> int:
+            with connection.cursor() as cursor:
+                cursor.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": 1000, **_LAG_BUCKETS})
+                return cursor.fetchone()[0]
+
+        renewed, settled = in_threads(renewer.renew_once, settle)
+
+        assert (renewed, settled) == (150, 150)
+        OutboxMessage.objects.all().delete()
