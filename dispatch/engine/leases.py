@@ -176,8 +176,8 @@ class LeaseRenewer:
                 if time.monotonic() - last < settings.SCHEDULER_WORKER_LEASE_SECONDS / 3:
                     continue
                 last = time.monotonic()
-                close_old_connections()
                 try:
+                    close_old_connections()
                     self.renew_once()
                 except Exception:
                     # A database hiccup: the next round retries; a lease that expires meanwhile is fenced.

@@ -837,7 +837,10 @@ def test_a_lease_renewal_and_the_relay_settling_the_same_occurrences_never_deadl
                 cursor.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": 1000, **_LAG_BUCKETS})
                 return cursor.fetchone()[0]
 
-        renewed, settled = in_threads(renewer.renew_once, settle)
+        try:
+            renewed, settled = in_threads(renewer.renew_once, settle)
+        finally:
+            renewer.stop()
 
         assert (renewed, settled) == (150, 150)
         OutboxMessage.objects.all().delete()
