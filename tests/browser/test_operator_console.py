@@ -27,6 +27,9 @@ def demo_like(tenant_a, make_schedule, make_occurrence):
     heartbeat = make_schedule(tenant, name="heartbeat", cron="* * * * *", handler="log")
     make_schedule(tenant, name="nightly-report", cron="30 2 * * *", timezone="America/New_York", handler="log")
     report = make_schedule(tenant, name="standup-reminder", cron="0 9 * * mon-fri", timezone="Europe/Madrid")
+    # Due in about ten minutes whenever the test runs: the heartbeat's cursor (no materializer runs here) may slip
+    # behind now at the next minute boundary, and the chart of fires due in the next hour must still have one.
+    make_schedule(tenant, name="hourly-sync", cron=f"{(now + timedelta(minutes=10)).minute} * * * *", handler="log")
     for minutes_ago in range(1, 55):
         at = now - timedelta(minutes=minutes_ago)
         lag = 0.04 + (minutes_ago % 7) * 0.01
