@@ -3,6 +3,7 @@ what instant, and where its cursor moves. No database here; `now` is always pass
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -25,7 +26,9 @@ def flexible_offset(occurrence_id: uuid.UUID, window_seconds: int) -> timedelta:
 MAX_FIRES_PER_SCHEDULE = 500
 
 
-@dataclass(frozen=True)
+# Value objects, but not frozen: the materializer makes one of each per due schedule and fire, and a frozen
+# dataclass's __init__ (object.__setattr__ per field) cost twice as much. Slots keep them small.
+@dataclass(slots=True)
 class DueSchedule:
     """The columns of a due schedule row that planning needs."""
 
@@ -47,10 +50,16 @@ class DueSchedule:
 
     @property
     def rule(self) -> TimeRule:
-        return TimeRule(kind=self.kind, timezone=self.timezone, cron=self.cron, run_at=self.run_at)
+        return _time_rule(self.kind, self.timezone, self.cron, self.run_at)
 
 
-@dataclass(frozen=True)
+@functools.lru_cache(maxsize=4096)
+def _time_rule(kind: str, timezone: str, cron: str | None, run_at: datetime | None) -> TimeRule:
+    """One TimeRule per distinct rule: a burst's schedules share a few rhythms."""
+    return TimeRule(kind=kind, timezone=timezone, cron=cron, run_at=run_at)
+
+
+@dataclass(slots=True)
 class PlannedOccurrence:
     occurrence_id: uuid.UUID
     scheduled_for: datetime
@@ -62,7 +71,7 @@ class PlannedOccurrence:
     catch_up: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class Plan:
     schedule: DueSchedule
     occurrences: list[PlannedOccurrence] = field(default_factory=list)
@@ -90,8 +99,68 @@ def fire_cap(schedule: DueSchedule) -> int:
     return max(MAX_FIRES_PER_SCHEDULE, kept_late_fires(schedule) + 1)
 
 
+@dataclass(frozen=True, slots=True)
+class WalkedFire:
+    """One fire of a walk and what the misfire policy made of it, before it has an occurrence id."""
+
+    at: datetime
+    state: str  # scheduled or missed
+    reason: str = ""
+    catch_up: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Walk:
+    """The fires of a rule from a cursor up to the horizon, judged by a misfire policy, at one `now`.
+
+    It depends on the rule, the cursor and the policy only, not on the schedule's id: at the top of the hour most
+    due schedules share a handful of rhythms and cursors, and the materializer walks each of those once per batch
+    (WALK_KEY), then only names each schedule's fires (Walk.plan_for).
+    """
+
+    fires: tuple[WalkedFire, ...]
+    new_cursor: datetime | None
+    now: datetime
+
+    def plan_for(self, schedule: DueSchedule) -> Plan:
+        """`schedule`'s plan: its occurrence id for each fire, and the release instant on its lane."""
+        plan = Plan(schedule=schedule, new_cursor=self.new_cursor, completed=self.new_cursor is None)
+        flexible = schedule.lane == "flexible"
+        for fire in self.fires:
+            occurrence_id = occurrence_id_for(schedule.id, schedule.version, fire.at)
+            if fire.catch_up:
+                available_at = self.now
+            elif flexible and fire.state == OccurrenceState.SCHEDULED:
+                available_at = fire.at + flexible_offset(occurrence_id, schedule.flexible_window_seconds)
+            else:
+                available_at = fire.at
+            plan.occurrences.append(
+                PlannedOccurrence(occurrence_id, fire.at, available_at, fire.state, fire.reason, fire.catch_up)
+            )
+        return plan
+
+
+def walk_key(schedule: DueSchedule) -> tuple:
+    """What a Walk depends on: due schedules with the same key (at one `now` and horizon) walk the same fires."""
+    return (
+        schedule.kind,
+        schedule.cron,
+        schedule.run_at,
+        schedule.timezone,
+        schedule.next_run_at,
+        schedule.misfire_policy,
+        schedule.max_lateness_seconds,
+        schedule.catchup_limit,
+    )
+
+
 def plan_schedule(schedule: DueSchedule, *, now: datetime, horizon: timedelta) -> Plan:
-    """Plan the fires of `schedule` from its durable cursor up to now + horizon (ARCHITECTURE rules 2, 7, 10).
+    """Plan the fires of `schedule` from its durable cursor up to now + horizon (ARCHITECTURE rules 2, 7, 10)."""
+    return walk_fires(schedule, now=now, horizon=horizon).plan_for(schedule)
+
+
+def walk_fires(schedule: DueSchedule, *, now: datetime, horizon: timedelta) -> Walk:
+    """The fires of `schedule`'s rule from its durable cursor up to now + horizon, each judged (rules 2 and 7).
 
     1. Walk fires from the cursor (never from "now": an outage must not silently drop fires) up to the horizon,
        at most fire_cap of them.
@@ -102,7 +171,7 @@ def plan_schedule(schedule: DueSchedule, *, now: datetime, horizon: timedelta) -
        then certainly not kept (missed), and the next batch walks every kept fire in one chunk.
     4. Emitted fires get available_at = scheduled_for (strict) or + deterministic jitter (flexible); kept
        misfires are marked catch_up and released from now on, paced by the writer on the tenant's one catch-up
-       budget (every schedule, batch and process of the tenant shares it).
+       budget (every schedule, batch and process of the tenant shares it). (Walk.plan_for)
 
     Across the batches of one catch-up at one "now", exactly min(K, late fires) are emitted. If "now" moves
     between batches, more fires are late; a fire recorded missed earlier is still not among the latest K.
@@ -127,26 +196,20 @@ def plan_schedule(schedule: DueSchedule, *, now: datetime, horizon: timedelta) -
             cut = len(fires) - (keep - following)
             fires, cursor = fires[:cut], fires[cut]
 
+    if not fires or fires[0] >= lateness_limit:
+        # Nothing late: the ordinary case, every fire delivered at its time.
+        return Walk(tuple(WalkedFire(fire, OccurrenceState.SCHEDULED) for fire in fires), cursor, now)
     late = [fire for fire in fires if fire < lateness_limit]
-    emitted_late = set(late[-keep:] if late and keep and not truncated_in_past else [])
-
-    plan = Plan(schedule=schedule, new_cursor=cursor, completed=cursor is None)
+    emitted_late = set(late[-keep:] if keep and not truncated_in_past else [])
+    walked = []
     for fire in fires:
-        occurrence_id = occurrence_id_for(schedule.id, schedule.version, fire)
         if fire in emitted_late:
-            plan.occurrences.append(
-                PlannedOccurrence(occurrence_id, fire, now, OccurrenceState.SCHEDULED, catch_up=True)
-            )
+            walked.append(WalkedFire(fire, OccurrenceState.SCHEDULED, catch_up=True))
         elif fire < lateness_limit:
-            plan.occurrences.append(
-                PlannedOccurrence(occurrence_id, fire, fire, OccurrenceState.MISSED, _miss_reason(schedule, fire, now))
-            )
+            walked.append(WalkedFire(fire, OccurrenceState.MISSED, _miss_reason(schedule, fire, now)))
         else:
-            available_at = fire
-            if schedule.lane == "flexible":
-                available_at = fire + flexible_offset(occurrence_id, schedule.flexible_window_seconds)
-            plan.occurrences.append(PlannedOccurrence(occurrence_id, fire, available_at, OccurrenceState.SCHEDULED))
-    return plan
+            walked.append(WalkedFire(fire, OccurrenceState.SCHEDULED))
+    return Walk(tuple(walked), cursor, now)
 
 
 def _count_late_fires(schedule: DueSchedule, fire: datetime | None, lateness_limit: datetime, *, at_most: int) -> int:

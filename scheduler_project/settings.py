@@ -247,9 +247,10 @@ SCHEDULER_SHARDS = env_int("SCHEDULER_SHARDS", 256, minimum=1, maximum=65536)
 # Payloads are stored and shipped with every occurrence: keep them small.
 SCHEDULER_MAX_PAYLOAD_BYTES = env_int("SCHEDULER_MAX_PAYLOAD_BYTES", 64 * 1024, minimum=1024)
 # How far ahead occurrences are materialized (ARCHITECTURE rule 2): covers failover and enqueue budgets, and the
-# time to write a top-of-hour batch. Measured: one materializer writes ~4,000 schedules/s on two cores, so a
-# 500,000-fire hour needs ~125 s; 180 s leaves a lease period (15 s) of failover on top (docs/SCALING.md).
-SCHEDULER_HORIZON_SECONDS = env_float("SCHEDULER_HORIZON_SECONDS", 180.0, minimum=1.0)
+# time to write a top-of-hour batch. Measured: one materializer writes 20,000-30,000 schedules/s on two cores, so a
+# 500,000-fire hour takes ~25 s; 60 s leaves a lease period (15 s) of failover and as much again of margin
+# (docs/SCALING.md). Longer costs at every update and cancel: more pending work of the old version to withdraw.
+SCHEDULER_HORIZON_SECONDS = env_float("SCHEDULER_HORIZON_SECONDS", 60.0, minimum=1.0)
 # Retry-After sent with a 429 for the schedule-count quota: a count frees up only when a user acts.
 SCHEDULER_QUOTA_RETRY_AFTER_SECONDS = env_int("SCHEDULER_QUOTA_RETRY_AFTER_SECONDS", 60, minimum=1)
 
@@ -295,6 +296,10 @@ SCHEDULER_MATERIALIZE_BATCH = env_int("SCHEDULER_MATERIALIZE_BATCH", 2000, minim
 # which the horizon must cover.
 SCHEDULER_LEASE_SECONDS = env_float("SCHEDULER_LEASE_SECONDS", 15.0, minimum=1.0)
 SCHEDULER_MATERIALIZE_IDLE_SECONDS = env_float("SCHEDULER_MATERIALIZE_IDLE_SECONDS", 1.0, minimum=0.01)
+# Batches a materializer process writes at the same time, each in its own transaction on its own connection: while
+# one waits for PostgreSQL, another plans in Python (SKIP LOCKED keeps them on different cursors). Two measured
+# best on two cores (docs/BENCHMARKS.md, "Materialization").
+SCHEDULER_MATERIALIZE_THREADS = env_int("SCHEDULER_MATERIALIZE_THREADS", 2, minimum=1, maximum=16)
 # Envelopes the relay claims and keeps in flight per transaction (each holds up to SCHEDULER_ENVELOPE_SIZE).
 SCHEDULER_RELAY_BATCH = env_int("SCHEDULER_RELAY_BATCH", 500, minimum=1)
 # The part of a relay batch flexible work keeps while strict work is due: the strict lane has the rest reserved,

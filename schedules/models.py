@@ -1,8 +1,11 @@
-"""Schedule (the definition and its UTC cursor) and ScheduleVersion (the immutable history of definitions)."""
+"""Schedule (the definition), ScheduleCursor (where its materialization stands) and ScheduleVersion (the immutable
+history of definitions)."""
 
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -59,6 +62,23 @@ DEFINITION_FIELDS = (
     "max_attempts",
 )
 
+# The definition fields the materializer plans fires with, copied onto the schedule's cursor row at every save.
+PLANNING_FIELDS = (
+    "kind",
+    "cron",
+    "run_at",
+    "timezone",
+    "lane",
+    "flexible_window_seconds",
+    "priority",
+    "misfire_policy",
+    "max_lateness_seconds",
+    "catchup_limit",
+)
+
+# `Schedule.next_run_at` not assigned since the row was loaded.
+_UNASSIGNED: Any = object()
+
 
 def shard_for(schedule_id: uuid.UUID) -> int:
     """Logical shard of a schedule: uuid4 bits are uniform, so `id mod N` spreads schedules evenly."""
@@ -72,6 +92,17 @@ class ScheduleQuerySet(models.QuerySet):
 
     def counted_by_quota(self) -> ScheduleQuerySet:
         return self.filter(state__in=[ScheduleState.ACTIVE, ScheduleState.PAUSED])
+
+    def lock(self, pk: uuid.UUID) -> Schedule:
+        """The schedule row, then its cursor row, locked until the transaction ends.
+
+        The control plane's lock order is schedule, then cursor; the materializer locks cursor rows only, with SKIP
+        LOCKED, so a change waits for at most the batch that holds the cursor, and never the other way round.
+        """
+        schedule = self.select_for_update().get(pk=pk)
+        cursor = ScheduleCursor.objects.select_for_update().filter(schedule_id=pk).first()
+        Schedule.cursor.related.set_cached_value(schedule, cursor)
+        return schedule
 
 
 class Schedule(models.Model):
@@ -95,8 +126,7 @@ class Schedule(models.Model):
 
     state = models.CharField(max_length=10, choices=ScheduleState.choices, default=ScheduleState.ACTIVE)
     version = models.PositiveIntegerField(default=1)
-    # UTC cursor: the next fire not yet materialized; null when nothing is due (paused, canceled, completed).
-    next_run_at = models.DateTimeField(null=True, blank=True)
+    # The UTC cursor (next_run_at, below) lives in ScheduleCursor.
     shard = models.PositiveIntegerField(editable=False)
 
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
@@ -111,13 +141,6 @@ class Schedule(models.Model):
     class Meta:
         ordering = ["-created_at", "id"]
         indexes = [
-            # The materializer's scan: due rows of one shard in time order, active schedules only, so
-            # paused/canceled/completed rows (most of a large table over time) cost nothing to skip.
-            models.Index(
-                fields=["shard", "next_run_at"],
-                name="schedule_due_by_shard",
-                condition=Q(state="active", next_run_at__isnull=False),
-            ),
             # Quota counts and the API list (newest first) of one tenant.
             models.Index(fields=["tenant", "state"], name="schedule_tenant_state"),
             models.Index(fields=["tenant", "-created_at"], name="schedule_tenant_created"),
@@ -141,9 +164,27 @@ class Schedule(models.Model):
         return f"{self.name} ({self.id})"
 
     def save(self, *args, **kwargs) -> None:
+        """Save the definition and, in the same transaction, its cursor row (ScheduleCursor.follow)."""
         if self.shard is None:
             self.shard = shard_for(self.id)
         super().save(*args, **kwargs)
+        ScheduleCursor.follow(self, self.__dict__.pop("_next_run_at", _UNASSIGNED))
+
+    @property
+    def next_run_at(self) -> datetime | None:
+        """The UTC cursor: the next fire not yet materialized; None when nothing is pending (paused, canceled,
+        completed, or a one-off whose fire was materialized). Read from the cursor row; assign it to move the
+        cursor, and save() writes it."""
+        if "_next_run_at" in self.__dict__:
+            return self.__dict__["_next_run_at"]
+        try:
+            return self.cursor.next_run_at
+        except ScheduleCursor.DoesNotExist:
+            return None
+
+    @next_run_at.setter
+    def next_run_at(self, value: datetime | None) -> None:
+        self.__dict__["_next_run_at"] = value
 
     @property
     def time_rule(self) -> TimeRule:
@@ -155,6 +196,85 @@ class Schedule(models.Model):
         snapshot["run_at"] = self.run_at.isoformat() if self.run_at else None
         snapshot["state"] = self.state
         return snapshot
+
+
+class ScheduleCursor(models.Model):
+    """Where the materialization of an active schedule stands: its next fire not yet materialized (UTC), with the
+    definition the materializer plans from, copied from the schedule at every save.
+
+    A table of its own because the materializer moves one cursor per fire, 500,000 of them before a busy hour. On
+    the schedule row each move rewrote a wide row (payload and all) and added an entry to each of its six indexes;
+    a cursor row is ~150 bytes with two indexes (docs/DESIGN.md, "The cursor table"). A row exists while the
+    schedule is active, and only then. next_run_at is NULL once a one-off's only fire is materialized: the
+    maintenance pass completes the schedule when that occurrence has ended.
+
+    Writers: Schedule.save() (the control plane, holding the schedule's row lock and then this one) and the
+    materializer (dispatch/sql/materialize.py), which locks cursor rows only, with SKIP LOCKED.
+    """
+
+    schedule = models.OneToOneField(Schedule, primary_key=True, on_delete=models.CASCADE, related_name="cursor")
+    tenant_id = models.BigIntegerField()
+    shard = models.PositiveIntegerField()
+    version = models.PositiveIntegerField()
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    cron = models.CharField(max_length=200, null=True, blank=True)
+    run_at = models.DateTimeField(null=True, blank=True)
+    timezone = models.CharField(max_length=64)
+    lane = models.CharField(max_length=8, choices=Lane.choices)
+    flexible_window_seconds = models.PositiveIntegerField()
+    priority = models.SmallIntegerField()
+    misfire_policy = models.CharField(max_length=16, choices=MisfirePolicy.choices)
+    max_lateness_seconds = models.PositiveIntegerField()
+    catchup_limit = models.PositiveIntegerField()
+
+    class Meta:
+        indexes = [
+            # The materializer's scan: due cursors of one shard in time order.
+            models.Index(
+                fields=["shard", "next_run_at"], name="cursor_due_by_shard", condition=Q(next_run_at__isnull=False)
+            ),
+            # The one-offs whose fire was materialized and may still run: the maintenance pass completes them.
+            models.Index(fields=["schedule"], name="cursor_fired_one_off", condition=Q(next_run_at__isnull=True)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} v{self.version} at {self.next_run_at}"
+
+    @staticmethod
+    def follow(schedule: Schedule, next_run_at: datetime | None) -> None:
+        """Bring the cursor row in step with a saved schedule.
+
+        With `next_run_at` assigned (a create or a new version): an active schedule's row is written whole, any
+        other's is deleted. Without: an active schedule's row gets the saved definition and version, its position
+        untouched (the materializer may have moved it since this instance was loaded).
+        """
+        descriptor = Schedule.cursor.related
+        if next_run_at is _UNASSIGNED:
+            if schedule.state == ScheduleState.ACTIVE:
+                ScheduleCursor.objects.filter(schedule_id=schedule.pk).update(
+                    version=schedule.version, **{field: getattr(schedule, field) for field in PLANNING_FIELDS}
+                )
+                if descriptor.is_cached(schedule):
+                    descriptor.delete_cached_value(schedule)
+            return
+        if schedule.state != ScheduleState.ACTIVE:
+            ScheduleCursor.objects.filter(schedule_id=schedule.pk).delete()
+            descriptor.set_cached_value(schedule, None)
+            return
+        cursor = ScheduleCursor(
+            schedule=schedule,
+            tenant_id=schedule.tenant_id,
+            shard=schedule.shard,
+            version=schedule.version,
+            next_run_at=next_run_at,
+            **{field: getattr(schedule, field) for field in PLANNING_FIELDS},
+        )
+        updated = ["tenant_id", "shard", "version", "next_run_at", *PLANNING_FIELDS]
+        ScheduleCursor.objects.bulk_create(
+            [cursor], update_conflicts=True, unique_fields=["schedule"], update_fields=updated
+        )
+        descriptor.set_cached_value(schedule, cursor)
 
 
 class VersionChange(models.TextChoices):

@@ -239,7 +239,7 @@ def _record_version(schedule: Schedule, change: str, actor: str, now: datetime, 
 
 
 def _locked(schedule: Schedule) -> Schedule:
-    return Schedule.objects.select_for_update().get(pk=schedule.pk)
+    return Schedule.objects.lock(schedule.pk)
 
 
 def _lock_for_change(schedule: Schedule, now: datetime) -> Schedule:

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OccurrenceState
-from schedules.models import Schedule
+from schedules.models import Schedule, ScheduleCursor, ScheduleState
 from schedules.services import create_schedule
 from tenants.models import Domain, Tenant
 from tenants.services import Provisioned, provision_tenant
@@ -161,6 +161,19 @@ def occurrence_for(
         "state": state,
     }
     return Occurrence.objects.create(**{**row, **fields})
+
+
+def move_cursor(schedule_ids: Any, at: datetime | None) -> None:
+    """Put the cursor of an active schedule (an id, or a list of ids) at `at`, as the materializer moves it (None: a
+    one-off whose only fire was materialized)."""
+    ids = schedule_ids if isinstance(schedule_ids, list) else [schedule_ids]
+    ScheduleCursor.objects.filter(schedule_id__in=ids).update(next_run_at=at)
+
+
+def mark_completed(schedule_id: Any) -> None:
+    """Complete a schedule behind the services' back, as the materializer's maintenance pass completes a one-off."""
+    Schedule.objects.filter(pk=schedule_id).update(state=ScheduleState.COMPLETED)
+    ScheduleCursor.objects.filter(schedule_id=schedule_id).delete()
 
 
 @pytest.fixture

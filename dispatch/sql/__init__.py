@@ -60,6 +60,13 @@ class PreparedCursor:
         with self._django.wrap_database_errors:
             self._cursor.executemany(_binary(query), params_seq)
 
+    def copy_rows(self, statement: str, types: list[str], rows: Any) -> None:
+        """COPY `rows` in binary with `statement` (COPY ... FROM STDIN (FORMAT BINARY)), in the same transaction."""
+        with self._django.wrap_database_errors, self._cursor.copy(statement) as copy:
+            copy.set_types(types)
+            for row in rows:
+                copy.write_row(row)
+
     def fetchone(self) -> Any:
         return self._cursor.fetchone()
 

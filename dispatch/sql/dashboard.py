@@ -3,7 +3,7 @@
 Each is bounded on a platform of 20 M schedules and 200 M occurrences a day: recent occurrences are read through
 the day partitions of the window (pruned on scheduled_for) and, once a window holds more than a sample's worth,
 through TABLESAMPLE SYSTEM at a percentage the caller computes from the planner's row estimate; schedules through
-the per-shard index schedule_due_by_shard; the quota and liveness tables are small.
+the per-shard index cursor_due_by_shard; the quota and liveness tables are small.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ SELECT minute, sum(fires)::bigint FROM (
     SELECT date_trunc('minute', d.next_run_at), count(*)
     FROM generate_series(0, %(shards)s - 1) AS s(shard)
     CROSS JOIN LATERAL (
-        SELECT next_run_at FROM schedules_schedule
-        WHERE shard = s.shard AND state = 'active' AND next_run_at >= clock_timestamp()
+        SELECT next_run_at FROM schedules_schedulecursor
+        WHERE shard = s.shard AND next_run_at >= clock_timestamp()
           AND next_run_at < clock_timestamp() + interval '60 minutes'
     ) AS d
     GROUP BY 1

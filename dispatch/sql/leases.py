@@ -17,14 +17,14 @@ SELECT s, '', 0, NULL FROM generate_series(0, %(shards)s - 1) AS s
 ON CONFLICT (shard) DO NOTHING
 """
 
-# The shard count the data already uses: shards that have lease rows, and the highest shard an active schedule sits
-# on (a backward scan of schedule_due_by_shard, one index probe). A materializer configured with fewer shards
+# The shard count the data already uses: shards that have lease rows, and the highest shard a pending cursor sits
+# on (a backward scan of cursor_due_by_shard, one index probe). A materializer configured with fewer shards
 # would leave the schedules of the others unleased: silently never fired.
 SHARDS_IN_USE = """
 SELECT GREATEST(
     (SELECT coalesce(max(shard) + 1, 0) FROM dispatch_shardlease),
     (SELECT coalesce(max(shard) + 1, 0) FROM (
-        SELECT shard FROM schedules_schedule WHERE state = 'active' AND next_run_at IS NOT NULL
+        SELECT shard FROM schedules_schedulecursor WHERE next_run_at IS NOT NULL
         ORDER BY shard DESC LIMIT 1) AS top))
 """
 
@@ -76,8 +76,9 @@ UPDATE dispatch_shardlease SET owner = '', expires_at = NULL
 WHERE owner = %(owner)s AND shard = ANY(%(shards)s::int[])
 """
 
-# Run first in each batch transaction. FOR SHARE holds the lease rows until commit, so a takeover (an UPDATE)
-# waits for this batch to finish; a lease lost before this point simply excludes its shard from the batch.
+# Run in each batch transaction for the shards the batch read (right after the scan). FOR SHARE holds the lease rows
+# until commit, so a takeover (an UPDATE) waits for this batch to finish; a lease lost before this point excludes
+# its shard from the batch.
 CONFIRM_SHARD_LEASES = """
 SELECT l.shard FROM dispatch_shardlease AS l
 JOIN unnest(%(shards)s::int[], %(generations)s::bigint[]) AS mine(shard, generation)

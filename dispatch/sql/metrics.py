@@ -76,12 +76,12 @@ ORDER BY COALESCE(b.throttled_fires, 0) + COALESCE(r.throttled_claims, 0) DESC, 
 LIMIT %(limit)s
 """
 
-# Loose index scan: one probe per shard on schedule_due_by_shard instead of a scan of every active schedule.
+# Loose index scan: one probe per shard on cursor_due_by_shard instead of a scan of every cursor.
 METRICS_CURSOR_BEHIND = """
 SELECT coalesce(EXTRACT(EPOCH FROM clock_timestamp() - min(first_due)), 0)
 FROM generate_series(0, %(shards)s - 1) AS s(shard),
-LATERAL (SELECT next_run_at AS first_due FROM schedules_schedule
-         WHERE shard = s.shard AND state = 'active' AND next_run_at IS NOT NULL
+LATERAL (SELECT next_run_at AS first_due FROM schedules_schedulecursor
+         WHERE shard = s.shard AND next_run_at IS NOT NULL
          ORDER BY next_run_at LIMIT 1) AS f
 """
 

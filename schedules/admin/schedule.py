@@ -100,7 +100,7 @@ class ScheduleAdmin(ScheduleOperationsMixin, SafeActionSelectionMixin, admin.Mod
     )
     list_display_links = ("name",)
     list_filter = ("state", TenantFilter, "kind", "lane", HandlerFilter, "misfire_policy")
-    list_select_related = ("tenant",)
+    list_select_related = ("tenant", "cursor")
     search_fields = ("name", "=handler", "=tenant__slug")
     search_help_text = "Name (contains), handler or tenant slug (exact), or a schedule id (UUID)."
     paginator = EstimatedCountPaginator
@@ -115,7 +115,7 @@ class ScheduleAdmin(ScheduleOperationsMixin, SafeActionSelectionMixin, admin.Mod
         "version",
         "schedule_text",
         "next_fire",
-        "cursor",
+        "materializer_cursor",
         "last_run",
         "shard",
         "created_by",
@@ -202,7 +202,7 @@ class ScheduleAdmin(ScheduleOperationsMixin, SafeActionSelectionMixin, admin.Mod
             " (manual)" if run.manual else "",
         )
 
-    @admin.display(description="next fire", ordering="next_run_at")
+    @admin.display(description="next fire", ordering="cursor__next_run_at")
     def next_fire(self, schedule: Schedule) -> SafeString | str:
         """From the time rules after now; a warning when the cursor trails now (fires due, not materialized)."""
         status = self._status(schedule)
@@ -230,7 +230,7 @@ class ScheduleAdmin(ScheduleOperationsMixin, SafeActionSelectionMixin, admin.Mod
         )
 
     @admin.display(description="materializer cursor")
-    def cursor(self, schedule: Schedule) -> str:
+    def materializer_cursor(self, schedule: Schedule) -> str:
         if schedule.next_run_at is None:
             return "— (nothing to materialize)"
         behind = self._status(schedule).cursor_behind
@@ -277,7 +277,7 @@ class ScheduleAdmin(ScheduleOperationsMixin, SafeActionSelectionMixin, admin.Mod
                         "schedule_text",
                         "next_fire",
                         "last_run",
-                        "cursor",
+                        "materializer_cursor",
                         "shard",
                     )
                 },

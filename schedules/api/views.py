@@ -91,6 +91,7 @@ class ScheduleViewSet(
         pending = pending_fires(db_now()).filter(schedule_id=OuterRef("pk")).order_by("scheduled_for")
         return (
             Schedule.objects.for_tenant(self.request.tenant)
+            .select_related("cursor")
             .annotate(next_pending_fire=Subquery(pending.values("scheduled_for")[:1]))
             .order_by("-created_at", "id")
         )

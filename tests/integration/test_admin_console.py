@@ -21,7 +21,7 @@ from dispatch.models import Attempt, Occurrence, OccurrenceState
 from schedules.clock import db_now
 from schedules.models import Schedule, ScheduleVersion
 from schedules.services import cancel_schedule, create_schedule, pause_schedule
-from tests.conftest import api_client_for, occurrence_for
+from tests.conftest import api_client_for, mark_completed, move_cursor, occurrence_for
 
 SCHEDULES_URL = "/admin/schedules/schedule/"
 OCCURRENCES_URL = "/admin/dispatch/occurrence/"
@@ -97,7 +97,7 @@ def test_schedule_list_shows_the_last_run_with_its_state_and_the_next_fire_from_
     last = occurrence_for(schedule, at=now - timedelta(minutes=3), state=OccurrenceState.DEAD)
     # The materializer runs a horizon ahead: the cursor already sits past the next fire, which is materialized.
     next_fire = schedule.time_rule.next_after(now)
-    Schedule.objects.filter(pk=schedule.pk).update(next_run_at=next_fire + timedelta(minutes=10))
+    move_cursor(schedule.pk, next_fire + timedelta(minutes=10))
 
     html = html_of(console.get(SCHEDULES_URL))
 
@@ -112,8 +112,8 @@ def test_schedule_list_warns_when_the_cursor_is_behind_now(console, make):
     lagging = make(name="lagging", cron="* * * * *", timezone="UTC")
     on_time = make(name="on-time", cron="* * * * *", timezone="UTC")
     now = db_now()
-    Schedule.objects.filter(pk=lagging.pk).update(next_run_at=now - timedelta(minutes=7))
-    Schedule.objects.filter(pk=on_time.pk).update(next_run_at=now - timedelta(seconds=2))
+    move_cursor(lagging.pk, now - timedelta(minutes=7))
+    move_cursor(on_time.pk, now - timedelta(seconds=2))
 
     html = html_of(console.get(SCHEDULES_URL))
 
@@ -138,7 +138,7 @@ def test_a_fired_one_off_shows_what_happened_to_its_fire_not_completed(console, 
     one_off = make(name="welcome-email", kind="once", cron=None, run_at=run_at, timezone="UTC")
     occurrence_for(one_off, at=run_at, state=state)
     # What the materializer does once it has written the fire (a test stand-in; the console never writes states).
-    Schedule.objects.filter(pk=one_off.pk).update(state="completed", next_run_at=None)
+    mark_completed(one_off.pk)
 
     html = html_of(console.get(SCHEDULES_URL))
 

@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 from dispatch.models import Occurrence
 from schedules.models import Schedule, ScheduleState
 from tenants.models import Tenant
-from tests.conftest import api_client_for
+from tests.conftest import api_client_for, mark_completed
 
 SCHEDULES = "/api/v1/schedules/"
 
@@ -214,7 +214,7 @@ def test_reactivating_a_completed_one_off_at_a_full_quota_answers_429(api_a, ten
         SCHEDULES, {"name": "once", "kind": "once", "run_at": "2030-01-01T00:00:00Z", "handler": "noop"}, format="json"
     ).json()
     # The materializer completes a one-off that fired; it then no longer counts against the quota.
-    Schedule.objects.filter(pk=once["id"]).update(state=ScheduleState.COMPLETED, next_run_at=None)
+    mark_completed(once["id"])
     assert api_a.post(SCHEDULES, cron_body, format="json").status_code == 201
 
     response = api_a.patch(f"{SCHEDULES}{once['id']}/", {"run_at": "2031-01-01T00:00:00Z"}, format="json")
@@ -231,7 +231,7 @@ def test_reactivating_a_completed_one_off_with_a_free_slot_makes_it_active(api_a
     once = api_a.post(
         SCHEDULES, {"name": "once", "kind": "once", "run_at": "2030-01-01T00:00:00Z", "handler": "noop"}, format="json"
     ).json()
-    Schedule.objects.filter(pk=once["id"]).update(state=ScheduleState.COMPLETED, next_run_at=None)
+    mark_completed(once["id"])
 
     response = api_a.patch(f"{SCHEDULES}{once['id']}/", {"run_at": "2031-01-01T00:00:00Z"}, format="json")
 

@@ -6,7 +6,8 @@ from datetime import timedelta
 
 from dispatch.models import Occurrence, OccurrenceState, OutboxMessage
 from schedules.clock import db_now
-from schedules.models import Schedule
+from schedules.models import Schedule, ScheduleCursor
+from tests.conftest import mark_completed, move_cursor
 from tests.integration.support import materializer_holding_every_shard, run_materializer
 
 SCHEDULES = "/api/v1/schedules/"
@@ -85,7 +86,7 @@ def behind(schedule_id: str, minutes: int) -> None:
     """As if the materializer had been down: the cursor still points `minutes` fires back."""
 
     now = db_now().replace(second=0, microsecond=0)
-    Schedule.objects.filter(pk=schedule_id).update(next_run_at=now - timedelta(minutes=minutes))
+    move_cursor(schedule_id, now - timedelta(minutes=minutes))
 
 
 def test_owed_fires_of_a_catch_up_schedule_are_delivered_not_missed_when_it_is_patched(api_a, cron_body):
@@ -145,7 +146,7 @@ def test_cancel_of_a_completed_one_off_keeps_the_fact_that_it_fired(api_a):
 
     run_at = (db_now() + timedelta(hours=1)).isoformat()
     created = create(api_a, {"name": "once", "kind": "once", "run_at": run_at, "handler": "noop"})
-    Schedule.objects.filter(pk=created["id"]).update(state="completed", next_run_at=None)
+    mark_completed(created["id"])
 
     response = api_a.post(url(created, "cancel/"))
 
@@ -232,7 +233,7 @@ def test_next_run_at_is_the_next_fire_not_yet_enqueued_not_the_materializer_curs
     now = db_now().replace(second=0, microsecond=0)
     pending = make_occurrence(schedule, at=now + timedelta(minutes=2))
     make_occurrence(schedule, at=now - timedelta(minutes=2), state=OccurrenceState.SUCCEEDED)
-    Schedule.objects.filter(pk=schedule.pk).update(next_run_at=now + timedelta(minutes=10))
+    move_cursor(schedule.pk, now + timedelta(minutes=10))
     expected = pending.scheduled_for.isoformat().replace("+00:00", "Z")
 
     detail = api_a.get(url(created)).json()
@@ -271,7 +272,7 @@ def test_a_fire_kept_through_a_change_still_meets_its_misfire_policy_at_claim(ap
 def test_a_patch_resending_the_stored_run_at_does_not_fire_a_completed_one_off_again(api_a):
     run_at = db_now() - timedelta(minutes=30)  # it fired half an hour ago
     created = create(api_a, once_body(run_at, misfire_policy="fire_once"))
-    Schedule.objects.filter(pk=created["id"]).update(state="completed", next_run_at=None)
+    mark_completed(created["id"])
     shown = api_a.get(url(created)).json()
 
     response = api_a.patch(url(created), {**shown, "payload": {"edited": True}}, format="json")
@@ -284,7 +285,8 @@ def test_a_resume_does_not_record_missed_a_one_off_fire_that_was_kept_through_th
     run_at = db_now() - timedelta(seconds=20)
     created = create(api_a, once_body(db_now() + timedelta(minutes=30)))
     schedule = Schedule.objects.get(pk=created["id"])
-    Schedule.objects.filter(pk=schedule.pk).update(run_at=run_at, next_run_at=None)
+    Schedule.objects.filter(pk=schedule.pk).update(run_at=run_at)
+    ScheduleCursor.objects.filter(schedule_id=schedule.pk).update(run_at=run_at, next_run_at=None)
     kept = make_occurrence(schedule, at=run_at, state=OccurrenceState.RUNNING, attempt_count=1)
     api_a.post(url(created, "pause/"))
 

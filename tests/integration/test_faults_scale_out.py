@@ -26,6 +26,7 @@ def test_one_of_each_process_killed_mid_burst_loses_no_fire_and_keeps_the_enqueu
         kill_one_of_each=True,
         deadline_seconds=120,
         drain_deadline_seconds=400,
+        horizon_seconds=30,
     )
 
     result = DrainBenchmark(config, out=out).run()

@@ -14,6 +14,7 @@ from dispatch.engine.materializer import Materializer
 from dispatch.models import Occurrence, OutboxMessage, ProcessHeartbeat, ShardLease
 from schedules.models import Schedule
 from schedules.services import update_schedule
+from tests.conftest import move_cursor
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -44,12 +45,24 @@ def test_a_batch_writes_occurrences_envelopes_and_advances_the_cursor(tenant_a, 
     assert m.step(now=T0) is False, "nothing more is due within the horizon"
 
 
+def test_a_batch_never_writes_the_schedule_row_only_its_cursor(tenant_a, make_schedule):
+    schedule = make_schedule(tenant_a.tenant, now=T0 - timedelta(seconds=30))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT xmin::text FROM schedules_schedule WHERE id = %s", [schedule.pk])
+        before = cursor.fetchone()[0]
+        materializer().step(now=T0)
+        cursor.execute("SELECT xmin::text FROM schedules_schedule WHERE id = %s", [schedule.pk])
+        assert cursor.fetchone()[0] == before, "the wide schedule row is untouched (no new row version)"
+    schedule.refresh_from_db()
+    assert schedule.next_run_at == T0 + timedelta(minutes=3)
+
+
 def test_running_the_same_instant_twice_creates_nothing_new(tenant_a, make_schedule):
     schedule = make_schedule(tenant_a.tenant, now=T0 - timedelta(seconds=30))
     m = materializer()
     m.step(now=T0)
     # Put the cursor back, as a second node with a stale view would have it: the unique key absorbs the replay.
-    Schedule.objects.filter(pk=schedule.pk).update(next_run_at=T0)
+    move_cursor(schedule.pk, T0)
     m.step(now=T0)
     assert Occurrence.objects.filter(schedule=schedule).count() == 3
     assert sum(len(e.occurrence_ids) for e in OutboxMessage.objects.all()) == 3
@@ -144,7 +157,7 @@ def test_two_materializers_racing_never_produce_two_occurrences_of_a_fire(tenant
                 for cursor_reset in range(3):
                     m.materialize_batch(T0)
                     if cursor_reset < 2:
-                        Schedule.objects.filter(pk__in=[s.pk for s in schedules]).update(next_run_at=T0)
+                        move_cursor([s.pk for s in schedules], T0)
         except BaseException as exc:
             errors.append(exc)
         finally:

@@ -52,7 +52,9 @@ def test_no_batch_plans_more_than_the_bound_and_after_enough_batches_every_fire_
         assert written[-1] <= BOUND, written
         if len(written) == 1:
             cursors = dict(
-                Schedule.objects.filter(pk__in=[s.pk for s in schedules.values()]).values_list("pk", "next_run_at")
+                Schedule.objects.filter(pk__in=[s.pk for s in schedules.values()]).values_list(
+                    "pk", "cursor__next_run_at"
+                )
             )
             untouched = [name for name, s in schedules.items() if cursors[s.pk] == first_cursors[name]]
             assert untouched, "the schedules past the bound keep their cursors for the next batch"

@@ -18,6 +18,7 @@ from dispatch.queues import STRICT_QUEUE
 from dispatch.sql import metrics as metrics_sql
 from dispatch.sql import outbox as outbox_sql
 from schedules.clock import db_now
+from tests.conftest import move_cursor
 
 
 def scrape() -> dict[str, float]:
@@ -246,7 +247,7 @@ def test_healthz_is_degraded_without_a_materializer_heartbeat_or_with_a_cursor_b
     beat("materializer")
     schedule = make_schedule(tenant_a.tenant, name="frozen", actor="t")
     # A frozen materializer: the cursor of an active schedule stays where it was, two minutes ago.
-    type(schedule).objects.filter(pk=schedule.pk).update(next_run_at=db_now() - timedelta(minutes=2))
+    move_cursor(schedule.pk, db_now() - timedelta(minutes=2))
     status, body = healthz()
     assert (status, body["status"], body["materialization"]) == (503, "degraded", "behind")
     assert "the earliest active cursor is 120 s behind now (limit 60 s)" in body["reasons"]

@@ -9,7 +9,7 @@ import pytest
 from dispatch.models import Occurrence, OccurrenceState
 from schedules import services
 from schedules.errors import ScheduleInvalid, StateConflict
-from schedules.models import Schedule, ScheduleState, ScheduleVersion, VersionChange
+from schedules.models import PLANNING_FIELDS, Schedule, ScheduleCursor, ScheduleState, ScheduleVersion, VersionChange
 
 ACTOR = "tenant:acme/api"
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -190,6 +190,50 @@ def test_pause_clears_the_cursor_and_is_idempotent(hourly):
     assert again.state == ScheduleState.PAUSED
     assert again.next_run_at is None
     assert again.version == 2
+
+
+def stored_cursor(schedule: Schedule) -> dict | None:
+    """The schedule's cursor row as the materializer reads it, or None when it has none."""
+    return ScheduleCursor.objects.filter(schedule_id=schedule.pk).values().first()
+
+
+def test_the_cursor_row_carries_the_definition_the_materializer_plans_from_through_every_verb(hourly):
+    def assert_follows(schedule: Schedule) -> None:
+        schedule.refresh_from_db()
+        row = stored_cursor(schedule)
+        assert row is not None, "an active schedule has its cursor row"
+        assert {field: row[field] for field in PLANNING_FIELDS} == {f: getattr(schedule, f) for f in PLANNING_FIELDS}
+        assert (row["version"], row["tenant_id"], row["shard"]) == (
+            schedule.version,
+            schedule.tenant_id,
+            schedule.shard,
+        )
+        assert row["next_run_at"] == schedule.next_run_at
+
+    assert_follows(hourly)
+    updated = services.update_schedule(
+        hourly, {"cron": "30 * * * *", "timezone": "Asia/Kolkata", "lane": "flexible"}, actor=ACTOR, now=T0
+    )
+    assert_follows(updated)
+    # Minute 30 in Kolkata (+05:30) is minute 0 in UTC: the next after 12:00 UTC (17:30 there) is 13:00 UTC.
+    assert stored_cursor(updated)["next_run_at"] == datetime(2026, 6, 1, 13, 0, tzinfo=UTC)
+
+    paused = services.pause_schedule(updated, actor=ACTOR, now=T0 + timedelta(minutes=1))
+    assert stored_cursor(paused) is None, "a paused schedule has nothing for the materializer"
+    resumed = services.resume_schedule(paused, actor=ACTOR, now=T0 + timedelta(hours=2))
+    assert_follows(resumed)
+    assert stored_cursor(resumed)["next_run_at"] == datetime(2026, 6, 1, 15, 0, tzinfo=UTC)
+
+    services.cancel_schedule(resumed, actor=ACTOR, now=T0 + timedelta(hours=3))
+    assert stored_cursor(resumed) is None
+
+
+def test_a_save_without_a_new_cursor_keeps_where_the_materializer_stands(hourly):
+    # The materializer moved the cursor after this instance was loaded; a save of the definition must not put it back.
+    ScheduleCursor.objects.filter(schedule_id=hourly.pk).update(next_run_at=T0 + timedelta(hours=3))
+    hourly.name = "renamed"
+    hourly.save()
+    assert stored_cursor(hourly)["next_run_at"] == T0 + timedelta(hours=3)
 
 
 def test_pause_of_a_canceled_schedule_is_a_conflict(hourly):

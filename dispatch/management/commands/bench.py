@@ -67,6 +67,13 @@ class Command(BaseCommand):
         fair.add_argument("--materializers", type=int, default=1)
         fair.add_argument("--relays", type=int, default=1)
         fair.add_argument("--deadline", type=float, default=120.0, help="seconds after T0 before giving up")
+        for process_bench in (burst, drain, fair):
+            process_bench.add_argument(
+                "--horizon",
+                type=float,
+                default=None,
+                help="the materializers' horizon in seconds (default: SCHEDULER_HORIZON_SECONDS, as deployed)",
+            )
         noop = sub.add_parser(
             "celery-noop", help="a plain Celery worker running a noop task, one message per task: Celery's floor"
         )
@@ -107,6 +114,7 @@ class Command(BaseCommand):
             keep=options["keep"],
             lags_out=str(options["lags_out"]) if options["lags_out"] else None,
             queue_type=options["queue_type"],
+            horizon_seconds=horizon_option(options),
         )
         try:
             result = BurstBenchmark(config, out=self.stdout).run()
@@ -128,6 +136,7 @@ class Command(BaseCommand):
             kill_one_of_each=options["kill_one_of_each"],
             deadline_seconds=options["deadline"],
             drain_deadline_seconds=options["deadline"],
+            horizon_seconds=horizon_option(options),
         )
         bench = DrainBenchmark(config, out=self.stdout)
         bench.handler = options["handler"]
@@ -154,6 +163,7 @@ class Command(BaseCommand):
             materializers=options["materializers"],
             relays=options["relays"],
             deadline_seconds=options["deadline"],
+            horizon_seconds=horizon_option(options),
         )
         try:
             result = FairnessBenchmark(config, out=self.stdout).run()
@@ -193,6 +203,13 @@ class Command(BaseCommand):
                 "bench peer-beat interrupted: beat stopped, the bench's rows and queue removed", returncode=130
             ) from None
         self.stdout.write(result_line(result))
+
+
+def horizon_option(options: dict[str, Any]) -> float | None:
+    horizon = options["horizon"]
+    if horizon is not None and not 1 <= horizon <= 3600:
+        raise CommandError("--horizon must be between 1 and 3600 seconds")
+    return horizon
 
 
 def check_process_options(options: dict[str, Any], *names: str) -> None:
