@@ -21,17 +21,22 @@ from typing import Any
 from dispatch.identity import utc_key
 
 RUN_ENVELOPE_TASK = "dispatch.run_envelope"
-BODY_VERSION = 1
+# What encode_body writes: {"v": 2, "tenant_id", "queue", "fires": {"<UTC instant>": ["<occurrence id>", ...]}}.
+# The ids are grouped by their scheduled instant, which all fires of a strict envelope share: 39 bytes a fire on
+# the wire instead of 70 with an [id, instant] pair each, so a 500,000-fire burst is 20 MB for the broker to
+# persist instead of 35, and a worker parses one instant per envelope instead of one per fire.
+BODY_VERSION = 2
+# The first format, {"v": 1, ..., "occurrences": [[id, instant], ...]}: still read, since messages written before
+# an upgrade may wait in the queues when the new workers start.
+PAIRS_BODY_VERSION = 1
 
 
 def encode_body(tenant_id: int, queue: str, occurrences: Iterable[tuple[uuid.UUID, datetime]]) -> bytes:
     """The Celery protocol-2 body: [args, kwargs, embed]; the single argument is the envelope's content."""
-    content = {
-        "v": BODY_VERSION,
-        "tenant_id": tenant_id,
-        "queue": queue,
-        "occurrences": [[str(occurrence_id), utc_key(scheduled_for)] for occurrence_id, scheduled_for in occurrences],
-    }
+    fires: dict[str, list[str]] = {}
+    for occurrence_id, scheduled_for in occurrences:
+        fires.setdefault(utc_key(scheduled_for), []).append(str(occurrence_id))
+    content = {"v": BODY_VERSION, "tenant_id": tenant_id, "queue": queue, "fires": fires}
     embed = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
     return json.dumps([[content], {}, embed], separators=(",", ":")).encode()
 
@@ -66,18 +71,49 @@ class MalformedEnvelope(ValueError):
 
 
 def decode_content(content: Any) -> list[tuple[uuid.UUID, datetime]]:
-    """The (occurrence_id, scheduled_for) pairs of an envelope argument; raises MalformedEnvelope."""
-    if not isinstance(content, dict) or content.get("v") != BODY_VERSION:
-        raise MalformedEnvelope(f"not an envelope of version {BODY_VERSION}: {str(content)[:200]!r}")
-    pairs = content.get("occurrences")
-    if not isinstance(pairs, list):
-        raise MalformedEnvelope("envelope without an occurrences list")
-    decoded = []
-    for pair in pairs:
-        try:
+    """The (occurrence_id, scheduled_for) pairs of an envelope argument, of either version; raises
+    MalformedEnvelope."""
+    version = content.get("v") if isinstance(content, dict) else None
+    if isinstance(version, bool):  # True == 1 in Python, but not a version
+        version = None
+    if version == BODY_VERSION:
+        fires = content.get("fires")
+        if not isinstance(fires, dict):
+            raise MalformedEnvelope("envelope without a fires object")
+        decoded: list[tuple[uuid.UUID, datetime]] = []
+        for scheduled_for, ids in fires.items():
+            if not isinstance(ids, list):
+                raise MalformedEnvelope(f"bad fires entry {str({scheduled_for: ids})[:100]!r}: not a list of ids")
+            instant = _instant(scheduled_for, ids)
+            decoded.extend((_occurrence_id(occurrence_id, scheduled_for), instant) for occurrence_id in ids)
+        return decoded
+    if version == PAIRS_BODY_VERSION:
+        pairs = content.get("occurrences")
+        if not isinstance(pairs, list):
+            raise MalformedEnvelope("envelope without an occurrences list")
+        decoded = []
+        for pair in pairs:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise MalformedEnvelope(f"bad occurrence entry {str(pair)[:100]!r}: not an [id, instant] pair")
             occurrence_id, scheduled_for = pair
-            instant = datetime.strptime(scheduled_for, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-            decoded.append((uuid.UUID(occurrence_id), instant))
-        except (AttributeError, TypeError, ValueError) as exc:  # uuid.UUID(<not text>) raises AttributeError
-            raise MalformedEnvelope(f"bad occurrence entry {str(pair)[:100]!r}: {exc}") from None
-    return decoded
+            decoded.append((_occurrence_id(occurrence_id, scheduled_for), _instant(scheduled_for, pair)))
+        return decoded
+    raise MalformedEnvelope(
+        f"not an envelope of version {PAIRS_BODY_VERSION} or {BODY_VERSION}: {str(content)[:200]!r}"
+    )
+
+
+def _instant(text: Any, entry: Any) -> datetime:
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    except (TypeError, ValueError) as exc:
+        raise MalformedEnvelope(f"bad occurrence entry {str(entry)[:100]!r}: {exc}") from None
+
+
+def _occurrence_id(text: Any, entry: Any) -> uuid.UUID:
+    if not isinstance(text, str):
+        raise MalformedEnvelope(f"bad occurrence entry {str([text, entry])[:100]!r}: the id is not text")
+    try:
+        return uuid.UUID(text)
+    except ValueError as exc:
+        raise MalformedEnvelope(f"bad occurrence entry {str([text, entry])[:100]!r}: {exc}") from None

@@ -87,6 +87,10 @@ class BurstBenchmark(BurstMeasurements):
         self.processes: list[tuple[str, subprocess.Popen]] = []
         self.tenant_ids: list[int] = []
         self.materialize_rate: float | None = None
+        # Filled as the run goes: fires per envelope (read once, after materialization), the confirmed envelopes.
+        self.fires_by_envelope: dict[int, int] = {}
+        self.confirmed_envelopes: set[int] = set()
+        self.unpublished = -1
 
     def say(self, message: str) -> None:
         self.out.write(message + "\n")
@@ -277,7 +281,8 @@ class BurstBenchmark(BurstMeasurements):
                 "SCHEDULER_FLEXIBLE_QUEUE": BENCH_FLEXIBLE_QUEUE,
                 "SCHEDULER_HORIZON_SECONDS": str(horizon),
                 "SCHEDULER_QUEUE_TYPE": self.config.queue_type,
-                "SCHEDULER_LOG_LEVEL": "WARNING",
+                # The processes' own log lines, when a run needs explaining (SCHEDULER_BENCH_LOG_LEVEL=DEBUG).
+                "SCHEDULER_LOG_LEVEL": os.environ.get("SCHEDULER_BENCH_LOG_LEVEL", "WARNING"),
                 "DATABASE_URL": database_url(),
             }
         )
@@ -397,9 +402,10 @@ class BurstBenchmark(BurstMeasurements):
         total = self.config.schedules
         with tqdm(total=total, desc="materialize", unit="occ", file=self.out, mininterval=2) as bar:
             while True:
-                materialized = max(bar.n, self.counts()[0])
+                materialized = max(bar.n, total - self.cursors_left(t0))
                 bar.update(materialized - bar.n)
                 if materialized >= total:
+                    self.fires_by_envelope = self.envelope_fires()
                     self.materialize_rate = self._materialize_rate()
                     return round((t0 - db_now()).total_seconds(), 1)
                 if db_now() > t0 + timedelta(seconds=self.config.deadline_seconds):
@@ -415,14 +421,19 @@ class BurstBenchmark(BurstMeasurements):
         )
         with tqdm(total=total, desc="confirmed by broker", unit="occ", file=self.out, mininterval=2) as bar:
             while True:
-                _, published, unpublished = self.counts()
-                confirmed = max(bar.n, published)
+                confirmed = max(bar.n, self.confirmed_fires())
                 bar.update(confirmed - bar.n)
                 # Settling deletes confirmed envelopes once nothing is due, so "none left unpublished" also ends it.
-                if confirmed >= total or unpublished == 0 or db_now() > deadline:
+                if confirmed >= total or self.unpublished == 0 or db_now() > deadline:
                     return confirmed
                 self._check_alive()
                 time.sleep(0.25)
+
+    def confirmed_fires(self) -> int:
+        """Fires in envelopes the broker has confirmed so far (also sets `unpublished`, the envelopes left)."""
+        published, self.unpublished = self.published_envelopes()
+        self.confirmed_envelopes |= published
+        return sum(self.fires_by_envelope.get(envelope_id, 0) for envelope_id in self.confirmed_envelopes)
 
     def _check_alive(self) -> None:
         for name, proc in self.processes:

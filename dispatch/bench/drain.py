@@ -103,8 +103,7 @@ class DrainBenchmark(BurstBenchmark):
             return super()._wait_confirmed(t0)
         deadline = time.monotonic() + self.config.deadline_seconds
         while time.monotonic() < deadline:
-            _, published, _ = self.counts()
-            if published >= self.config.schedules // 4:
+            if self.confirmed_fires() >= self.config.schedules // 4:
                 break
             time.sleep(0.05)
         self._kill_one_of_each()

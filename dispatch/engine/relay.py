@@ -206,8 +206,10 @@ class Relay:
         claimed = await self.publish_due()
         settled = 0
         # While envelopes keep falling due, settle at most once a second: the hot instant stays for publishing,
-        # and the settler still keeps up with a continuous stream.
-        if not claimed or time.monotonic() - self._last_settle >= SETTLE_EVERY_SECONDS:
+        # and the settler still keeps up with a continuous stream. Never right after a full batch: more is due at
+        # once, and a settle statement before it would delay it (measured: 0.4 s of a 500,000-fire burst).
+        full = claimed >= self.batch_size
+        if not claimed or (not full and time.monotonic() - self._last_settle >= SETTLE_EVERY_SECONDS):
             self._last_settle = time.monotonic()
             settled = await self.settle()
         return claimed > 0 or settled > 0
@@ -338,9 +340,12 @@ class Relay:
     async def _publish_claimed(self, grants: dict[int, Grant], used: dict[int, int]) -> int:
         """Steps 2 and 3 of publish_due, in the claim transaction. Adds the fires sent per tenant to `used`."""
         async with self.db.transaction():
+            claim_started = time.monotonic()
             staged = await self._claim(grants)
             if not staged:
                 return 0
+            claim_seconds = time.monotonic() - claim_started
+            logger.debug("claimed %d envelopes in %.3f s", len(staged), claim_seconds, extra={"action": "claim"})
             anchor_db = await self._scalar(DB_NOW)
             anchor_mono = time.monotonic()
             timer = PriorityTimer(workers=1)
@@ -405,7 +410,13 @@ class Relay:
         counters.RELAY_PUBLISHED_ENVELOPES.inc(len(ids))
         counters.RELAY_PUBLISHED_OCCURRENCES.inc(occurrences)
         counters.RELAY_FAILED_PUBLISHES.inc(failed)
-        logger.debug("published %d envelopes (%d occurrences)", len(ids), occurrences, extra={"action": "publish"})
+        logger.debug(
+            "published %d envelopes (%d occurrences); stamped %.3f s after the claim",
+            len(ids),
+            occurrences,
+            time.monotonic() - claim_started,
+            extra={"action": "publish"},
+        )
         return len(staged)
 
     async def _drop_withdrawn(self, timer: PriorityTimer, due: list[Claimed]) -> None:

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import connection
 from kombu import Connection
 
+from dispatch.envelopes import decode_content
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OutboxMessage
 from dispatch.outbox import Fire, enqueue
@@ -55,7 +56,8 @@ def drain_queue(queue: str) -> list[dict]:
                 except simple.Empty:
                     break
                 content = json.loads(message.body)[0][0]
-                found.append({"id": message.headers["id"], "occurrences": [p[0] for p in content["occurrences"]]})
+                occurrence_ids = [str(occurrence_id) for occurrence_id, _ in decode_content(content)]
+                found.append({"id": message.headers["id"], "occurrences": occurrence_ids})
         finally:
             simple.close()
     return found

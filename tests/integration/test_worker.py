@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -22,7 +23,7 @@ from dispatch.engine.leases import LeaseRenewer, reap_expired_leases
 from dispatch.engine.relay import _LAG_BUCKETS
 from dispatch.engine.retry import RunResult
 from dispatch.engine.worker import Claim, complete, run_claimed, try_claim
-from dispatch.envelopes import BODY_VERSION
+from dispatch.envelopes import BODY_VERSION, encode_body
 from dispatch.identity import utc_key
 from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
 from dispatch.outbox import Fire, enqueue
@@ -660,19 +661,17 @@ def test_the_reaper_cancels_an_expired_occurrence_whose_schedule_was_canceled(te
 
 
 def envelope_of(*occurrences: Occurrence) -> dict[str, Any]:
-    return {
-        "v": BODY_VERSION,
-        "tenant_id": occurrences[0].tenant_id if occurrences else 0,
-        "queue": "scheduler.strict",
-        "occurrences": [[str(o.occurrence_id), utc_key(o.scheduled_for)] for o in occurrences],
-    }
+    """The task's argument as the relay delivers it: the envelope body the outbox stores."""
+    tenant_id = occurrences[0].tenant_id if occurrences else 0
+    body = encode_body(tenant_id, "scheduler.strict", [(o.occurrence_id, o.scheduled_for) for o in occurrences])
+    return json.loads(body)[0][0]
 
 
 def test_the_task_runs_every_occurrence_of_an_envelope_and_drops_unknown_ones(committed, make_schedule, add_occurrence):
     schedule = make_schedule(committed, handler="effect")
     occurrences = [add_occurrence(schedule, minute=n) for n in range(5)]
     content = envelope_of(*occurrences)
-    content["occurrences"].append([str(uuid.uuid4()), utc_key(BASE)])
+    content["fires"].setdefault(utc_key(BASE), []).append(str(uuid.uuid4()))
 
     outcomes = tasks.run_envelope(content)
 
@@ -700,9 +699,9 @@ def test_the_task_runs_the_occurrences_of_an_envelope_in_parallel(committed, mak
         None,
         "garbage",
         {"v": 99, "occurrences": []},
-        {"v": BODY_VERSION, "occurrences": "nope"},
-        {"v": BODY_VERSION, "occurrences": [["not-a-uuid", "2026-01-01T00:00:00.000000Z"]]},
-        {"v": BODY_VERSION, "occurrences": [[str(uuid.uuid4()), "yesterday"]]},
+        {"v": BODY_VERSION, "fires": "nope"},
+        {"v": BODY_VERSION, "fires": {"2026-01-01T00:00:00.000000Z": ["not-a-uuid"]}},
+        {"v": BODY_VERSION, "fires": {"yesterday": [str(uuid.uuid4())]}},
     ],
     ids=["none", "string", "version", "not-a-list", "bad-uuid", "bad-instant"],
 )
@@ -716,7 +715,7 @@ def test_the_task_logs_and_drops_a_malformed_envelope_without_raising(db, conten
 
 
 def test_the_task_drops_a_message_with_extra_arguments():
-    assert tasks.run_envelope({"v": BODY_VERSION, "occurrences": []}, "extra") == {}
+    assert tasks.run_envelope({"v": BODY_VERSION, "fires": {}}, "extra") == {}
 
 
 # --- the batched path decides as the one-by-one path does -------------------------------------------------------
@@ -770,12 +769,9 @@ def test_an_envelope_claimed_in_one_batch_ends_each_occurrence_as_one_by_one_cla
 
     for occurrence in alone:
         worker.process_occurrence(occurrence.occurrence_id, occurrence.scheduled_for, WORKER)
-    outcomes = tasks.run_envelope(
-        {
-            **envelope_of(*batched),
-            "occurrences": [*envelope_of(*batched)["occurrences"], [str(unknown[0]), utc_key(BASE)]],
-        }
-    )
+    content = envelope_of(*batched)
+    content["fires"].setdefault(utc_key(BASE), []).append(str(unknown[0]))
+    outcomes = tasks.run_envelope(content)
 
     assert outcome_rows(batched) == outcome_rows(alone)
     states = [row[0] for row in outcome_rows(batched)]

@@ -230,7 +230,10 @@ def states(occurrences: list[Occurrence]) -> set[str]:
 
 
 def envelope_body(*pairs: tuple[uuid.UUID, Any]) -> dict[str, Any]:
-    return {"v": BODY_VERSION, "tenant_id": 0, "queue": STRICT, "occurrences": [[str(i), utc_key(t)] for i, t in pairs]}
+    fires: dict[str, list[str]] = {}
+    for occurrence_id, at in pairs:
+        fires.setdefault(utc_key(at), []).append(str(occurrence_id))
+    return {"v": BODY_VERSION, "tenant_id": 0, "queue": STRICT, "fires": fires}
 
 
 # --- tests ------------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The envelope body (dispatch.envelopes): what encode_body writes, decode_content reads back, and what it refuses."""
+"""The envelope body (dispatch.envelopes): what encode_body writes, decode_content reads back (version 2, and the
+first version still in queues after an upgrade), and what it refuses."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from dispatch.envelopes import BODY_VERSION, MalformedEnvelope, decode_content, encode_body
+from dispatch.envelopes import BODY_VERSION, PAIRS_BODY_VERSION, MalformedEnvelope, decode_content, encode_body
 from dispatch.outbox import Fire, pack
 from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE
 
@@ -27,19 +28,25 @@ def argument_of(body: bytes):
     return json.loads(body)[0][0]
 
 
+def with_fires(fires) -> dict:
+    return {"v": BODY_VERSION, "tenant_id": 7, "queue": STRICT_QUEUE, "fires": fires}
+
+
 def with_occurrences(pairs) -> dict:
-    return {"v": BODY_VERSION, "tenant_id": 7, "queue": STRICT_QUEUE, "occurrences": pairs}
+    """A body of the first version, as a worker may still find one in a queue after an upgrade."""
+    return {"v": PAIRS_BODY_VERSION, "tenant_id": 7, "queue": STRICT_QUEUE, "occurrences": pairs}
 
 
 # --- encode / decode ------------------------------------------------------------------------------------------
 
 
-def test_an_encoded_envelope_decodes_to_its_occurrence_ids_and_instants_in_order():
+def test_an_encoded_envelope_decodes_to_its_occurrence_ids_and_instants_grouped_by_instant():
     pairs = pairs_at(T0, T0 + timedelta(microseconds=1), T0 - timedelta(days=400, microseconds=999_999), T0)
 
     decoded = decode_content(argument_of(encode_body(7, STRICT_QUEUE, pairs)))
 
-    assert decoded == pairs
+    # Grouped by instant in order of first appearance, each group in its given order.
+    assert decoded == [pairs[0], pairs[3], pairs[1], pairs[2]]
     assert all(isinstance(occurrence_id, uuid.UUID) for occurrence_id, _ in decoded)
 
 
@@ -62,7 +69,16 @@ def test_the_body_is_a_celery_protocol_2_call_with_one_argument_naming_tenant_qu
     assert embed == {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
     content = args[0]
     assert (content["v"], content["tenant_id"], content["queue"]) == (BODY_VERSION, 42, FLEXIBLE_QUEUE)
-    assert content["occurrences"] == [[str(occurrence_id), "2026-06-01T12:00:00.000000Z"]]
+    assert content["fires"] == {"2026-06-01T12:00:00.000000Z": [str(occurrence_id)]}
+
+
+def test_a_strict_envelope_names_its_instant_once_and_is_about_40_bytes_a_fire():
+    pairs = pairs_at(*[T0] * 250)
+
+    body = encode_body(7, STRICT_QUEUE, pairs)
+
+    assert body.count(b"2026-06-01T12:00:00.000000Z") == 1
+    assert len(body) < 250 * 40 + 200, len(body)
 
 
 def test_an_envelope_of_the_outbox_carries_the_body_of_its_tenant_queue_and_fires():
@@ -73,8 +89,17 @@ def test_an_envelope_of_the_outbox_carries_the_body_of_its_tenant_queue_and_fire
     assert decode_content(argument_of(envelope.body())) == [(f.occurrence_id, f.scheduled_for) for f in fires]
 
 
-def test_a_well_formed_entry_written_by_hand_decodes():
-    assert decode_content(with_occurrences([[AN_ID, AN_INSTANT]])) == [(uuid.UUID(AN_ID), T0)]
+def test_a_well_formed_body_written_by_hand_decodes():
+    assert decode_content(with_fires({AN_INSTANT: [AN_ID]})) == [(uuid.UUID(AN_ID), T0)]
+
+
+def test_a_body_of_the_first_version_still_decodes_in_order():
+    pairs = pairs_at(T0, T0 - timedelta(seconds=1), T0)
+    content = with_occurrences(
+        [[str(occurrence_id), at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")] for occurrence_id, at in pairs]
+    )
+
+    assert decode_content(content) == pairs
 
 
 # --- refusals -------------------------------------------------------------------------------------------------
@@ -83,10 +108,10 @@ def test_a_well_formed_entry_written_by_hand_decodes():
 @pytest.mark.parametrize(
     "content",
     [
-        {"v": BODY_VERSION + 1, "occurrences": [[AN_ID, AN_INSTANT]]},
+        {"v": BODY_VERSION + 1, "fires": {AN_INSTANT: [AN_ID]}},
         {"v": 0, "occurrences": []},
-        {"v": str(BODY_VERSION), "occurrences": []},
-        {"occurrences": [[AN_ID, AN_INSTANT]]},
+        {"v": str(BODY_VERSION), "fires": {}},
+        {"fires": {AN_INSTANT: [AN_ID]}},
     ],
     ids=["newer", "older", "text", "missing"],
 )
@@ -96,36 +121,64 @@ def test_an_envelope_of_another_version_is_malformed(content):
 
 
 @pytest.mark.parametrize(
-    "content", [None, "text", 1, [BODY_VERSION, [[AN_ID, AN_INSTANT]]], [with_occurrences([])]], ids=repr
+    "content", [None, "text", 1, [BODY_VERSION, {AN_INSTANT: [AN_ID]}], [with_fires({})]], ids=repr
 )
 def test_an_argument_that_is_not_a_dict_is_malformed(content):
     with pytest.raises(MalformedEnvelope, match="not an envelope of version"):
         decode_content(content)
 
 
+@pytest.mark.parametrize("fires", [None, "0f6c1e1a", [[AN_ID, AN_INSTANT]], 5], ids=["null", "text", "list", "number"])
+def test_an_envelope_without_a_fires_object_is_malformed(fires):
+    with pytest.raises(MalformedEnvelope, match="without a fires object"):
+        decode_content(with_fires(fires))
+
+
+@pytest.mark.parametrize("ids", [AN_ID, None, {AN_ID: 1}, 5], ids=["bare-id", "null", "object", "number"])
+def test_an_instant_whose_ids_are_not_a_list_is_malformed(ids):
+    with pytest.raises(MalformedEnvelope, match="not a list of ids"):
+        decode_content(with_fires({AN_INSTANT: ids}))
+
+
+@pytest.mark.parametrize("occurrence_id", ["not-a-uuid", "", AN_ID[:-1], AN_ID + "0"])
+def test_a_bad_occurrence_id_is_malformed(occurrence_id):
+    with pytest.raises(MalformedEnvelope, match="bad occurrence entry"):
+        decode_content(with_fires({AN_INSTANT: [AN_ID, occurrence_id]}))
+
+
+@pytest.mark.parametrize(
+    "occurrence_id", [12345, [AN_ID], {"id": AN_ID}, None], ids=["number", "list", "object", "null"]
+)
+def test_an_occurrence_id_that_is_not_text_is_malformed(occurrence_id):
+    with pytest.raises(MalformedEnvelope, match="bad occurrence entry"):
+        decode_content(with_fires({AN_INSTANT: [occurrence_id]}))
+
+
+@pytest.mark.parametrize(
+    "scheduled_for",
+    ["2026-06-01 12:00:00.000000", "2026-06-01T12:00:00.000000+00:00", "2026-13-01T12:00:00.000000Z", ""],
+    ids=["no-T-no-Z", "offset", "month-13", "empty"],
+)
+def test_a_bad_instant_is_malformed(scheduled_for):
+    with pytest.raises(MalformedEnvelope, match="bad occurrence entry"):
+        decode_content(with_fires({scheduled_for: [AN_ID]}))
+
+
+# --- refusals of the first version --------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize(
     "occurrences", [None, "0f6c1e1a", {AN_ID: AN_INSTANT}, (AN_ID, AN_INSTANT)], ids=["null", "text", "dict", "tuple"]
 )
-def test_an_envelope_without_an_occurrences_list_is_malformed(occurrences):
+def test_a_first_version_envelope_without_an_occurrences_list_is_malformed(occurrences):
     with pytest.raises(MalformedEnvelope, match="without an occurrences list"):
         decode_content(with_occurrences(occurrences))
 
 
-def test_an_envelope_with_no_occurrences_key_at_all_is_malformed():
-    with pytest.raises(MalformedEnvelope, match="without an occurrences list"):
-        decode_content({"v": BODY_VERSION, "tenant_id": 7, "queue": STRICT_QUEUE})
-
-
-@pytest.mark.parametrize("occurrence_id", ["not-a-uuid", "", AN_ID[:-1], AN_ID + "0"])
-def test_an_entry_with_a_bad_occurrence_id_is_malformed(occurrence_id):
+@pytest.mark.parametrize("occurrence_id", ["not-a-uuid", "", 12345, [AN_ID], None])
+def test_a_first_version_entry_with_a_bad_occurrence_id_is_malformed(occurrence_id):
     with pytest.raises(MalformedEnvelope, match="bad occurrence entry"):
         decode_content(with_occurrences([[AN_ID, AN_INSTANT], [occurrence_id, AN_INSTANT]]))
-
-
-@pytest.mark.parametrize("occurrence_id", [12345, [AN_ID], {"id": AN_ID}], ids=["number", "list", "object"])
-def test_an_entry_whose_occurrence_id_is_not_text_is_malformed(occurrence_id):
-    with pytest.raises(MalformedEnvelope, match="bad occurrence entry"):
-        decode_content(with_occurrences([[occurrence_id, AN_INSTANT]]))
 
 
 @pytest.mark.parametrize(
@@ -133,7 +186,7 @@ def test_an_entry_whose_occurrence_id_is_not_text_is_malformed(occurrence_id):
     ["2026-06-01 12:00:00.000000", "2026-06-01T12:00:00.000000+00:00", "2026-13-01T12:00:00.000000Z", "", None, 0],
     ids=["no-T-no-Z", "offset", "month-13", "empty", "null", "number"],
 )
-def test_an_entry_with_a_bad_timestamp_is_malformed(scheduled_for):
+def test_a_first_version_entry_with_a_bad_timestamp_is_malformed(scheduled_for):
     with pytest.raises(MalformedEnvelope, match="bad occurrence entry"):
         decode_content(with_occurrences([[AN_ID, scheduled_for]]))
 
@@ -143,6 +196,6 @@ def test_an_entry_with_a_bad_timestamp_is_malformed(scheduled_for):
     [[AN_ID], [AN_ID, AN_INSTANT, "extra"], [], AN_ID, 5, None],
     ids=["one", "three", "empty", "bare-id", "number", "null"],
 )
-def test_an_entry_that_is_not_an_id_and_instant_pair_is_malformed(entry):
+def test_a_first_version_entry_that_is_not_an_id_and_instant_pair_is_malformed(entry):
     with pytest.raises(MalformedEnvelope, match="bad occurrence entry"):
         decode_content(with_occurrences([entry]))
