@@ -88,6 +88,25 @@ def entries_for(obj) -> list[str]:
     return list(LogEntry.objects.filter(object_id=str(obj.pk)).values_list("change_message", flat=True))
 
 
+# --- the frame ----------------------------------------------------------------------------------------------------
+
+
+def test_every_console_page_declares_its_icon_and_the_icon_is_served(console, db):
+    icon = re.compile(r'<link rel="icon" href="(/static/schedules/favicon\.svg)" type="image/svg\+xml">')
+    for url in ("/admin/", SCHEDULES_URL, OCCURRENCES_URL):
+        assert icon.search(html_of(console.get(url))), url
+    login_page = Client(HTTP_HOST="localhost").get("/admin/login/").content.decode()
+    found = icon.search(login_page)
+    assert found, "the login page too"
+
+    served = Client(HTTP_HOST="localhost").get(found.group(1))
+    assert served.status_code == 200
+    assert served["Content-Type"].startswith("image/svg+xml")
+    assert b"<svg" in b"".join(served.streaming_content)
+    legacy = Client(HTTP_HOST="localhost").get("/favicon.ico")
+    assert legacy.status_code == 301 and legacy["Location"] == found.group(1)
+
+
 # --- schedule list ------------------------------------------------------------------------------------------------
 
 
