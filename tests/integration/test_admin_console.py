@@ -143,6 +143,44 @@ def test_schedule_list_warns_when_the_cursor_is_behind_now(console, make):
     assert re.search(r"7 min \d+ s behind now</span>. Fires already due have not been materialized", page)
 
 
+def test_the_last_run_is_the_newest_version_at_an_instant_and_never_a_fire_withdrawn_unrun(console, make):
+    schedule = make(cron="* * * * *", timezone="UTC")
+    minute = db_now().replace(second=0, microsecond=0) - timedelta(minutes=3)
+    # 02:34 in the audit: version 2's fire was withdrawn by an update, version 3's fire at the same instant ran.
+    withdrawn = occurrence_for(
+        schedule, at=minute, version=2, state=OccurrenceState.CANCELED, state_reason="withdrawn: schedule updated"
+    )
+    ran = occurrence_for(schedule, at=minute, version=3, state=OccurrenceState.SUCCEEDED, attempt_count=1)
+    # The next minute's fire was withdrawn by a pause before any worker claimed it: it never ran.
+    occurrence_for(
+        schedule,
+        at=minute + timedelta(minutes=1),
+        version=3,
+        state=OccurrenceState.CANCELED,
+        state_reason="withdrawn: schedule paused",
+    )
+
+    html = html_of(console.get(SCHEDULES_URL))
+
+    assert f"/admin/dispatch/occurrence/{ran.pk}/change/" in html
+    assert f"/admin/dispatch/occurrence/{withdrawn.pk}/change/" not in html
+    assert f'{minute:%Y-%m-%d %H:%M} UTC</a> <span class="sched-state sched-state-succeeded">' in html
+    assert "sched-state-canceled" not in html
+
+
+def test_a_fire_canceled_while_it_ran_is_still_the_last_run(console, make):
+    schedule = make(cron="* * * * *", timezone="UTC")
+    minute = db_now().replace(second=0, microsecond=0) - timedelta(minutes=2)
+    occurrence_for(schedule, at=minute - timedelta(minutes=1), state=OccurrenceState.SUCCEEDED, attempt_count=1)
+    stopped = occurrence_for(
+        schedule, at=minute, state=OccurrenceState.CANCELED, attempt_count=1, state_reason="schedule canceled"
+    )
+
+    html = html_of(console.get(SCHEDULES_URL))
+
+    assert f"/admin/dispatch/occurrence/{stopped.pk}/change/" in html and "sched-state-canceled" in html
+
+
 @pytest.mark.parametrize(
     ("state", "shown"),
     [
