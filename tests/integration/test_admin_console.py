@@ -18,6 +18,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from dispatch.models import Attempt, Occurrence, OccurrenceState
+from dispatch.stuck import stuck_pages
 from schedules.clock import db_now
 from schedules.models import Schedule, ScheduleVersion
 from schedules.services import cancel_schedule, create_schedule, pause_schedule
@@ -451,6 +452,53 @@ def test_a_bad_range_is_reported_and_the_default_range_shown(console, make, quer
 
     assert response.status_code == 200
     assert any("Range ignored" in text for text in texts(response))
+
+
+def test_the_stuck_filter_lists_what_dispatch_stuck_finds_within_the_range(console, make):
+    schedule = make(cron="* * * * *", timezone="UTC")
+    now = db_now()
+    half_hour = now - timedelta(minutes=30)
+    stuck = [
+        occurrence_for(schedule, at=half_hour, state=OccurrenceState.ENQUEUED),
+        occurrence_for(
+            schedule,
+            at=half_hour + timedelta(minutes=1),
+            state=OccurrenceState.RUNNING,
+            attempt_count=1,
+            lease_expires_at=now - timedelta(minutes=20),
+        ),
+    ]
+    healthy = [
+        occurrence_for(schedule, at=now - timedelta(minutes=2), state=OccurrenceState.ENQUEUED),
+        occurrence_for(schedule, at=half_hour + timedelta(minutes=2), state=OccurrenceState.SUCCEEDED),
+        occurrence_for(
+            schedule,
+            at=half_hour + timedelta(minutes=3),
+            state=OccurrenceState.RUNNING,
+            attempt_count=1,
+            lease_expires_at=now + timedelta(seconds=30),
+        ),
+    ]
+    earlier = occurrence_for(schedule, at=now - timedelta(hours=3), state=OccurrenceState.SCHEDULED)
+
+    found = {
+        row.occurrence_id for page in stuck_pages(since=now - timedelta(days=1), until=now, now=now) for row in page
+    }
+    assert found == {o.pk for o in [*stuck, earlier]}, "the fixture is what the one definition calls stuck"
+
+    def listed(query: str) -> set[str]:
+        html = html_of(console.get(f"{OCCURRENCES_URL}?{query}"))
+        return {o for o in (str(x.pk) for x in [*stuck, *healthy, earlier]) if f"/{o}/change/" in html}
+
+    assert listed("stuck=1") == {str(o.pk) for o in stuck}, "the default hour: the one 3 h ago is outside it"
+    assert listed("stuck=1&scheduled_after=now-24h") == {str(o.pk) for o in [*stuck, earlier]}
+    assert listed("stuck=banana") == {str(o.pk) for o in [*stuck, *healthy]}, "not a choice: ignored"
+
+
+def test_the_dashboards_stuck_tile_links_to_the_stuck_filter_over_its_day(console, db):
+    html = html_of(console.get("/admin/"))
+
+    assert re.search(r'class="tile[^"]*" href="/admin/dispatch/occurrence/\?stuck=1&amp;scheduled_after=now-24h"', html)
 
 
 def test_one_schedules_occurrences_are_listed_over_any_range(console, make):
