@@ -4,19 +4,22 @@ opens when nothing has happened yet."""
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from dispatch import dashboard
 from dispatch.identity import occurrence_id_for
 from dispatch.models import ProcessHeartbeat
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
+from dispatch.sql import dashboard as dashboard_sql
 from schedules.clock import db_now
+from tests.conftest import move_cursor
 
 
 @pytest.fixture
@@ -79,3 +82,54 @@ def test_the_index_opens_with_empty_charts_before_anything_happened(console):
     text = page.content.decode()
     assert "No fire was enqueued in the last hour yet." in text
     assert "No process has a heartbeat" in text or "Processes" in text
+
+
+def test_fires_due_next_hour_count_every_fire_of_each_rule_not_one_per_cursor(tenant_a, make_schedule, monkeypatch):
+    tenant = tenant_a.tenant
+    now = db_now()
+    next_minute = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    ahead = make_schedule(tenant, name="every-minute-ahead", cron="* * * * *", timezone="UTC")
+    # The materializer wrote the next minute's fire (an envelope) and moved the cursor past it.
+    with connection.cursor() as cursor:
+        fire_id = occurrence_id_for(ahead.id, 1, next_minute)
+        enqueue(cursor, [Fire(fire_id, next_minute, tenant.id, STRICT_QUEUE, next_minute, 0)])
+    move_cursor(ahead.pk, next_minute + timedelta(minutes=1))
+    # Behind: the materializer is down; its fires still fall due every minute of the hour.
+    behind = make_schedule(tenant, name="every-minute-behind", cron="* * * * *", timezone="Asia/Kolkata")
+    move_cursor(behind.pk, now - timedelta(minutes=7))
+    daily_at = next_minute + timedelta(minutes=20)
+    daily = make_schedule(tenant, name="daily", cron=f"{daily_at.minute} {daily_at.hour} * * *", timezone="UTC")
+    move_cursor(daily.pk, daily_at)
+    once = make_schedule(tenant, name="once", kind="once", run_at=now + timedelta(minutes=30, seconds=10))
+
+    due = dict(dashboard.build().due)
+
+    assert sum(due.values()) == 60 + 60 + 1 + 1
+    assert len(due) >= 59, "a bar in (nearly) every minute, not a spike in the first few"
+    assert due[daily_at] == 3, "both every-minute schedules and the daily one"
+    assert due[once.run_at.replace(second=0, microsecond=0)] == 3
+    assert max(due) < now + timedelta(minutes=60)
+
+    # A big cursor table is read through TABLESAMPLE and scaled back up (here a sample of ~all of it).
+    monkeypatch.setattr(dashboard, "SAMPLE_ROWS", 1)
+    monkeypatch.setattr(dashboard_sql, "CURSOR_ROWS_ESTIMATE", "SELECT 1.000001::float8")
+    with CaptureQueriesContext(connection) as queries:
+        assert sum(dict(dashboard.build().due).values()) == 122
+    assert any("TABLESAMPLE SYSTEM (99.9999)" in query["sql"] for query in queries.captured_queries)
+
+
+def test_due_per_minute_expands_each_rule_once_and_scales_a_sample():
+    now = datetime(2026, 12, 2, 4, 0, 30, tzinfo=UTC)
+    until = now + timedelta(minutes=60)
+    groups = [
+        ("cron", "*/15 * * * *", "UTC", now, 2),  # 04:15, 04:30, 04:45, 05:00 for two schedules
+        ("cron", "*/15 * * * *", "UTC", datetime(2026, 12, 2, 4, 45, tzinfo=UTC), 1),  # from its cursor: 2 fires
+        ("cron", "0 5 * * *", "UTC", datetime(2026, 12, 2, 5, 0, tzinfo=UTC), 4),
+        ("once", None, None, datetime(2026, 12, 2, 4, 10, tzinfo=UTC), 5),
+    ]
+    at = {minute.strftime("%H:%M"): count for minute, count in dashboard.due_per_minute(now, until, [], groups)}
+    assert at == {"04:10": 5, "04:15": 2, "04:30": 2, "04:45": 3, "05:00": 7}
+
+    sampled = dashboard.due_per_minute(now, until, [(datetime(2026, 12, 2, 4, 5, tzinfo=UTC), 7)], groups, scale=10)
+    assert dict(sampled)[datetime(2026, 12, 2, 4, 5, tzinfo=UTC)] == 7, "materialized rows are read whole"
+    assert dict(sampled)[datetime(2026, 12, 2, 5, 0, tzinfo=UTC)] == 70
