@@ -51,12 +51,43 @@ STATE_COLORS = {
 LANE_COLORS = {"strict": ("#1565c0", "#42a5f5", "#90caf9"), "flexible": ("#2e7d32", "#66bb6a", "#a5d6a7")}
 
 
+@dataclass(frozen=True)
+class LagWindow:
+    """A span the lag chart can cover: its bucket keeps the chart near 60-100 points, its labels one per `label_every`
+    buckets (every 10 minutes, hourly, every 4 hours)."""
+
+    key: str
+    title: str
+    minutes: int
+    bucket_minutes: int
+    label_every: int
+
+
+LAG_WINDOWS = {
+    window.key: window
+    for window in (
+        LagWindow("1h", "last hour", 60, 1, 10),
+        LagWindow("6h", "last 6 hours", 360, 5, 12),
+        LagWindow("24h", "last 24 hours", 1440, 15, 16),
+    )
+}
+DEFAULT_LAG_WINDOW = "1h"
+
+
+def lag_window(value: Any) -> LagWindow:
+    """The window a query parameter asks for; anything else (absent, misspelt, a list) is the default hour."""
+    return LAG_WINDOWS.get(value if isinstance(value, str) else "", LAG_WINDOWS[DEFAULT_LAG_WINDOW])
+
+
 @dataclass
 class Dashboard:
     now: datetime
     sample_percent: float
     minutes: list[datetime]
-    lag: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)  # lane -> quantile -> per minute
+    lag_window: LagWindow = LAG_WINDOWS[DEFAULT_LAG_WINDOW]
+    lag_buckets: list[datetime] = field(default_factory=list)  # the lag chart's x axis (minutes for the hour)
+    lag_sample_percent: float = 100.0
+    lag: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)  # lane -> quantile -> per bucket
     states: dict[str, list[int]] = field(default_factory=dict)  # state -> per minute
     recent_by_tenant: dict[int, int] = field(default_factory=dict)
     due: list[tuple[datetime, int]] = field(default_factory=list)
@@ -75,7 +106,16 @@ class Dashboard:
             colors = LANE_COLORS.get(lane, ("#444", "#777", "#aaa"))
             for (quantile, values), color in zip(sorted(quantiles.items(), reverse=True), colors, strict=False):
                 series.append((f"{lane} {quantile}", color, values))
-        return line_chart(series, self.minutes, unit="s", empty="No fire was enqueued in the last hour yet.")
+        return line_chart(
+            series,
+            self.lag_buckets or self.minutes,
+            unit="s",
+            empty=f"No fire was enqueued in the {self.lag_window.title} yet.",
+            label_every=self.lag_window.label_every,
+        )
+
+    def lag_choices(self) -> list[dict[str, Any]]:
+        return [{"key": w.key, "title": w.key, "selected": w == self.lag_window} for w in LAG_WINDOWS.values()]
 
     def states_chart(self) -> SafeString:
         stacks = [(state, STATE_COLORS.get(state, "#999"), counts) for state, counts in self.states.items()]
@@ -86,20 +126,20 @@ class Dashboard:
         return bar_chart(self.due, start=start, empty="Nothing falls due in the next hour.")
 
 
-def build(*, shards: int | None = None) -> Dashboard:
+def build(*, shards: int | None = None, lag: LagWindow | None = None) -> Dashboard:
     shards = shards or settings.SCHEDULER_SHARDS
+    lag = lag or LAG_WINDOWS[DEFAULT_LAG_WINDOW]
     with connection.cursor() as cursor:
         cursor.execute(DB_NOW)
         now = cursor.fetchone()[0]
         since = (now - timedelta(minutes=WINDOW_MINUTES)).replace(second=0, microsecond=0)
         minutes = [since + timedelta(minutes=n) for n in range(WINDOW_MINUTES + 1)]
-        cursor.execute(dashboard_sql.RECENT_ROWS_ESTIMATE, {"since": since})
-        estimate = float(cursor.fetchone()[0] or 0)
-        percent = 100.0 if estimate <= SAMPLE_ROWS else max(0.01, 100.0 * SAMPLE_ROWS / estimate)
-        dash = Dashboard(now=now, sample_percent=percent, minutes=minutes)
-        sample = "" if percent >= 100 else f"TABLESAMPLE SYSTEM ({percent:.4f})"
-        cursor.execute(dashboard_sql.RECENT_BY_MINUTE.format(sample=sample), {"since": since})
+        percent = _sample_percent(cursor, since)
+        dash = Dashboard(now=now, sample_percent=percent, minutes=minutes, lag_window=lag, lag_sample_percent=percent)
+        cursor.execute(dashboard_sql.RECENT_BY_MINUTE.format(sample=_sample_clause(percent)), {"since": since})
         _fill_recent(dash, cursor.fetchall(), scale=100.0 / percent)
+        if lag.minutes != WINDOW_MINUTES:
+            _fill_lag(cursor, dash, lag)
         dash.due = _due_next_hour(cursor, now, shards)
         cursor.execute(dashboard_sql.BACKLOG)
         due_envelopes, due_fires, oldest_age, unsettled = cursor.fetchone()
@@ -146,6 +186,43 @@ def build(*, shards: int | None = None) -> Dashboard:
     )
     dash.stuck, dash.stuck_capped = len(first_page), len(first_page) >= STUCK_PAGE
     return dash
+
+
+def _sample_percent(cursor: Any, since: datetime) -> float:
+    """100 below a sample's worth of occurrences since `since` (by the planner's estimate), a smaller share above."""
+    cursor.execute(dashboard_sql.RECENT_ROWS_ESTIMATE, {"since": since})
+    estimate = float(cursor.fetchone()[0] or 0)
+    return 100.0 if estimate <= SAMPLE_ROWS else max(0.01, 100.0 * SAMPLE_ROWS / estimate)
+
+
+def _sample_clause(percent: float) -> str:
+    return "" if percent >= 100 else f"TABLESAMPLE SYSTEM ({percent:.4f})"
+
+
+def _fill_lag(cursor: Any, dash: Dashboard, lag: LagWindow) -> None:
+    """The lag chart over a longer window than the hour, per bucket of lag.bucket_minutes, read apart from the
+    hour's other figures (which stay an hour) with a sample of its own: a day is ~200 M rows at full load."""
+    bucket = timedelta(minutes=lag.bucket_minutes)
+    start = dash.now - timedelta(minutes=lag.minutes)
+    # Buckets start on multiples of the bucket size (date_bin's origin below is midnight UTC of a past day).
+    since = start - (start - start.replace(hour=0, minute=0, second=0, microsecond=0)) % bucket
+    dash.lag_buckets = [since + bucket * n for n in range(lag.minutes // lag.bucket_minutes + 1)]
+    percent = _sample_percent(cursor, since)
+    dash.lag_sample_percent = percent
+    cursor.execute(
+        dashboard_sql.LAG_BY_BUCKET.format(sample=_sample_clause(percent)),
+        {"since": since, "bucket": bucket},
+    )
+    index = {instant: n for n, instant in enumerate(dash.lag_buckets)}
+    width = len(dash.lag_buckets)
+    lanes: dict[str, dict[str, list[float | None]]] = defaultdict(
+        lambda: {"p50": [None] * width, "p95": [None] * width, "p99": [None] * width}
+    )
+    for instant, lane, p50, p95, p99 in cursor.fetchall():
+        if instant in index and p50 is not None:
+            for name, value in (("p50", p50), ("p95", p95), ("p99", p99)):
+                lanes[lane][name][index[instant]] = max(0.0, float(value))
+    dash.lag = dict(lanes)
 
 
 def _due_next_hour(cursor: Any, now: datetime, shards: int) -> list[tuple[datetime, int]]:
@@ -287,7 +364,12 @@ def _time_labels(minutes: list[datetime], every: int = 10) -> list[tuple[float, 
 
 
 def line_chart(
-    series: list[tuple[str, str, list[float | None]]], minutes: list[datetime], *, unit: str, empty: str
+    series: list[tuple[str, str, list[float | None]]],
+    minutes: list[datetime],
+    *,
+    unit: str,
+    empty: str,
+    label_every: int = 10,
 ) -> SafeString:
     values = [v for _, _, points in series for v in points if v is not None]
     if not values:
@@ -295,7 +377,7 @@ def line_chart(
     top = max(values) * 1.1 or 1.0
     plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM - TOP
     step = plot_w / max(1, len(minutes) - 1)
-    parts = _frame(top, unit, _time_labels(minutes))
+    parts = _frame(top, unit, _time_labels(minutes, label_every))
     for _, color, points in series:
         coords = [
             f"{LEFT + n * step:.1f},{TOP + plot_h * (1 - v / top):.1f}" for n, v in enumerate(points) if v is not None

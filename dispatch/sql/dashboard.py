@@ -38,6 +38,19 @@ GROUP BY GROUPING SETS ((date_trunc('minute', o.scheduled_for), o.lane),
                         (o.tenant_id))
 """
 
+# The lag chart over a window longer than RECENT_BY_MINUTE's hour: the same quantiles per (bucket, lane), buckets of
+# %(bucket)s aligned on midnight UTC (date_bin), through the day partitions of the window and {sample} as above.
+LAG_BY_BUCKET = """
+SELECT date_bin(%(bucket)s::interval, o.scheduled_for, TIMESTAMPTZ '2000-01-01 00:00:00+00') AS bucket, o.lane,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM o.enqueued_at - o.available_at)),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM o.enqueued_at - o.available_at)),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM o.enqueued_at - o.available_at))
+FROM dispatch_occurrence AS o {sample}
+WHERE o.scheduled_for >= %(since)s AND o.scheduled_for <= clock_timestamp()
+  AND o.enqueued_at IS NOT NULL AND NOT o.throttled
+GROUP BY 1, 2
+"""
+
 # Fires due in [now, until), per minute, come from two places that never overlap: a schedule's cursor is its next
 # fire NOT yet materialized, so its fires before the cursor are rows in the outbox and its fires from the cursor on
 # are not written anywhere yet.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -133,3 +134,57 @@ def test_due_per_minute_expands_each_rule_once_and_scales_a_sample():
     sampled = dashboard.due_per_minute(now, until, [(datetime(2026, 12, 2, 4, 5, tzinfo=UTC), 7)], groups, scale=10)
     assert dict(sampled)[datetime(2026, 12, 2, 4, 5, tzinfo=UTC)] == 7, "materialized rows are read whole"
     assert dict(sampled)[datetime(2026, 12, 2, 5, 0, tzinfo=UTC)] == 70
+
+
+@pytest.fixture
+def lag_history(tenant_a, make_schedule, make_occurrence):
+    """Fires enqueued 0.05 s late in the last hour, 2 s late three hours ago and 7 s late twenty hours ago."""
+    schedule = make_schedule(tenant_a.tenant, name="dash-lag-history")
+    now = db_now().replace(second=0, microsecond=0)
+    for ago, lag in ((timedelta(minutes=10), 0.05), (timedelta(hours=3), 2.0), (timedelta(hours=20), 7.0)):
+        at = now - ago
+        make_occurrence(schedule, at=at, state="succeeded", enqueued_at=at + timedelta(seconds=lag))
+
+
+@pytest.mark.parametrize(
+    ("window", "buckets", "bucket", "worst"),
+    [
+        ("1h", 61, timedelta(minutes=1), 0.05),
+        ("6h", 73, timedelta(minutes=5), 2.0),
+        ("24h", 97, timedelta(minutes=15), 7.0),
+    ],
+)
+def test_the_lag_chart_covers_the_window_asked_for_in_buckets_that_fit(lag_history, window, buckets, bucket, worst):
+    dash = dashboard.build(lag=dashboard.lag_window(window))
+    axis = dash.lag_buckets or dash.minutes
+
+    assert len(axis) == buckets
+    assert {b - a for a, b in pairwise(axis)} == {bucket}
+    assert max(p for p in dash.lag["strict"]["p99"] if p is not None) == pytest.approx(worst)
+    assert sum(dash.states["succeeded"]) == 1, "the states chart and the tenants stay on the last hour"
+
+
+@pytest.mark.parametrize(
+    ("query", "selected", "title"),
+    [
+        ("", "1h", "last hour"),
+        ("?lag=6h", "6h", "last 6 hours"),
+        ("?lag=24h", "24h", "last 24 hours"),
+        ("?lag=7d", "1h", "last hour"),
+        ("?lag=6H", "1h", "last hour"),
+        ("?lag=", "1h", "last hour"),
+    ],
+)
+def test_the_index_offers_the_lag_windows_as_links_and_falls_back_to_the_hour(
+    console, lag_history, query, selected, title
+):
+    response = console.get(f"/admin/{query}")
+    assert response.status_code == 200
+    page = response.content.decode()
+
+    assert f"Enqueue lag per lane, {title}" in page
+    chart = page[page.index('aria-label="enqueue lag per lane"') :].split("</svg>", 1)[0]
+    assert len(re.findall(r'class="tick">\d\d:\d\d<', chart)) == 7, "an x label every 10 min, 1 h or 4 h"
+    windows = page[page.index('class="windows"') :].split("</p>", 1)[0]
+    assert re.findall(r"<strong[^>]*>(\w+)</strong>", windows) == [selected]
+    assert sorted(re.findall(r'<a href="\?lag=(\w+)">', windows)) == sorted({"1h", "6h", "24h"} - {selected})
