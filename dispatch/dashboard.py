@@ -90,6 +90,8 @@ class Dashboard:
     lag: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)  # lane -> quantile -> per bucket
     states: dict[str, list[int]] = field(default_factory=dict)  # state -> per minute
     recent_by_tenant: dict[int, int] = field(default_factory=dict)
+    # Fires of the last hour that reached the broker, each counted once however often it was offered again.
+    sent_by_tenant: dict[int, int] = field(default_factory=dict)
     due: list[tuple[datetime, int]] = field(default_factory=list)
     backlog: dict[str, float] = field(default_factory=dict)
     dead: int = 0
@@ -164,6 +166,7 @@ def build(*, shards: int | None = None, lag: LagWindow | None = None) -> Dashboa
                     "running": running,
                     "throttled_claims": waited,
                     "recent": dash.recent_by_tenant.get(tenant_id, 0),
+                    "sent": dash.sent_by_tenant.get(tenant_id, 0),
                 }
             )
         cursor.execute(dashboard_sql.RUNNING_BY_WORKER)
@@ -290,7 +293,7 @@ def _fill_recent(dash: Dashboard, rows: list[tuple], *, scale: float) -> None:
         lambda: {"p50": [None] * width, "p95": [None] * width, "p99": [None] * width}
     )
     states: dict[str, list[int]] = defaultdict(lambda: [0] * width)
-    for grouping, minute, lane, state, tenant_id, count, p50, p95, p99 in rows:
+    for grouping, minute, lane, state, tenant_id, count, sent, p50, p95, p99 in rows:
         if grouping == 3 and minute in index and p50 is not None:
             for name, value in (("p50", p50), ("p95", p95), ("p99", p99)):
                 lag[lane][name][index[minute]] = max(0.0, float(value))
@@ -298,6 +301,7 @@ def _fill_recent(dash: Dashboard, rows: list[tuple], *, scale: float) -> None:
             states[state][index[minute]] = round(count * scale)
         elif grouping == 14:
             dash.recent_by_tenant[tenant_id] = round(count * scale)
+            dash.sent_by_tenant[tenant_id] = round(sent * scale)
     dash.lag = dict(lag)
     order = list(STATE_COLORS)
     dash.states = {state: states[state] for state in sorted(states, key=lambda s: order.index(s) if s in order else 99)}

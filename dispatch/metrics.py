@@ -135,7 +135,10 @@ def _gauges(cursor) -> Iterator[Metric]:
 
     cursor.execute(metrics_sql.METRICS_TENANT_QUOTAS, {"limit": TENANT_SERIES_LIMIT})
     dispatched = CounterMetricFamily(
-        "scheduler_tenant_dispatched_fires", "Fires the relays sent per tenant.", labels=["tenant"]
+        "scheduler_tenant_dispatched_fires",
+        "Publishes of the tenant's fires by the relays; a fire offered again (parked for max_running, retried) counts "
+        "again.",
+        labels=["tenant"],
     )
     throttled_fires = CounterMetricFamily(
         "scheduler_tenant_throttled_fires",

@@ -21,10 +21,13 @@ WHERE i.inhparent = 'dispatch_occurrence'::regclass
 
 # One pass over the window, three groupings: per (minute, lane) the enqueue lag quantiles (confirmation - release
 # instant) of fires not held back by their tenant's fire rate; per (minute, state) how many fires; per tenant how
-# many. {sample} is "" or a TABLESAMPLE clause. `g` tells the grouping a row belongs to.
+# many, and how many of them reached the broker (enqueued_at is the first publish's stamp: a fire offered again
+# after a wait for a running slot or a retry is still one fire here, where the relays' publish counter counts every
+# offer). {sample} is "" or a TABLESAMPLE clause. `g` tells the grouping a row belongs to.
 RECENT_BY_MINUTE = """
 SELECT GROUPING(date_trunc('minute', o.scheduled_for), o.lane, o.state, o.tenant_id) AS g,
        date_trunc('minute', o.scheduled_for) AS minute, o.lane, o.state, o.tenant_id, count(*),
+       count(*) FILTER (WHERE o.enqueued_at IS NOT NULL),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM o.enqueued_at - o.available_at))
            FILTER (WHERE o.enqueued_at IS NOT NULL AND NOT o.throttled),
        percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM o.enqueued_at - o.available_at))
@@ -104,7 +107,9 @@ FROM dispatch_outboxmessage
 
 DEAD_COUNT = "SELECT count(*) FROM dispatch_occurrence WHERE state = 'dead'"
 
-# Per tenant: the engine's quota counters (dispatch/sql/quotas.py), busiest first, bounded.
+# Per tenant: the engine's quota counters (dispatch/sql/quotas.py), busiest first, bounded. dispatched_fires counts
+# every publish since the tenant's first (a fire parked for max_running, or retried, is published again and counted
+# again): it is the relays' work for the tenant, not a number of fires.
 TENANT_USAGE = """
 SELECT t.id, t.slug, t.max_fires_per_second, t.max_running,
        COALESCE(b.dispatched_fires, 0), COALESCE(b.throttled_fires, 0),

@@ -20,7 +20,7 @@ from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
 from dispatch.sql import dashboard as dashboard_sql
 from schedules.clock import db_now
-from tests.conftest import move_cursor
+from tests.conftest import move_cursor, occurrence_for
 
 
 @pytest.fixture
@@ -188,3 +188,41 @@ def test_the_index_offers_the_lag_windows_as_links_and_falls_back_to_the_hour(
     windows = page[page.index('class="windows"') :].split("</p>", 1)[0]
     assert re.findall(r"<strong[^>]*>(\w+)</strong>", windows) == [selected]
     assert sorted(re.findall(r'<a href="\?lag=(\w+)">', windows)) == sorted({"1h", "6h", "24h"} - {selected})
+
+
+def test_the_tenants_table_counts_fires_sent_once_apart_from_the_relays_publishes(console, tenant_a, make_schedule):
+    schedule = make_schedule(tenant_a.tenant, name="dash-reoffered")
+    now = db_now().replace(second=0, microsecond=0)
+    for minutes_ago, enqueued in ((3, True), (2, True), (1, False)):
+        at = now - timedelta(minutes=minutes_ago)
+        occurrence_for(
+            schedule, at=at, state="succeeded", enqueued_at=at + timedelta(seconds=0.1) if enqueued else None
+        )
+    # The relays published 5 times for those 2 fires: each was parked for max_running and offered again (and more).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO dispatch_tenant_fire_bucket (tenant_id, tokens, refilled_at, rate, dispatched_fires)"
+            " VALUES (%s, 0, clock_timestamp(), 10, 5)",
+            [tenant_a.tenant.id],
+        )
+        cursor.execute(
+            "INSERT INTO dispatch_tenant_running (tenant_id, running, throttled_claims) VALUES (%s, 0, 3)",
+            [tenant_a.tenant.id],
+        )
+
+    [row] = [t for t in dashboard.build().tenants if t["id"] == tenant_a.tenant.id]
+    assert (row["recent"], row["sent"], row["dispatched"], row["throttled_claims"]) == (3, 2, 5, 3)
+
+    page = console.get("/admin/").content.decode()
+    table = page[page.index("<h2>Tenants") :].split("</table>", 1)[0]
+    headers = re.findall(r'<th title="([^"]+)">([^<]+)</th>', table)
+    assert [text for _, text in headers] == [
+        "due, 1 h",
+        "sent, 1 h",
+        "publishes, total",
+        "throttled",
+        "running",
+        "over quota",
+    ]
+    assert "each counted once" in headers[1][0] and "re-offer" in headers[2][0]
+    assert re.search(r"<td>3</td>\s*<td>2</td>\s*<td>5</td>", table)
