@@ -358,12 +358,16 @@ def _empty(message: str) -> SafeString:
 
 
 def _time_labels(minutes: list[datetime], every: int = 10) -> list[tuple[float, str]]:
+    """A label on each point at a round time of the clock: every `every` points' worth of time since midnight UTC
+    (every 10 minutes on a chart of minutes, every hour on one of 5-minute buckets), whatever instant it starts at."""
     plot_w = WIDTH - LEFT
     step = plot_w / max(1, len(minutes) - 1)
+    spacing = (minutes[1] - minutes[0]) * every if len(minutes) > 1 else timedelta(minutes=every)
     return [
         (LEFT + n * step, minute.astimezone(UTC).strftime("%H:%M"))
         for n, minute in enumerate(minutes)
-        if n % every == 0
+        if (minute - minute.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)) % spacing
+        == timedelta(0)
     ]
 
 

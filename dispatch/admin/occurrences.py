@@ -151,9 +151,6 @@ class OccurrenceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     )
     readonly_fields = fields
 
-    class Media:
-        css = {"all": ("schedules/css/console.css",)}
-
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type:
         return PageChangeList
 
