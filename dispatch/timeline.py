@@ -140,9 +140,11 @@ def occurrence_timeline(
         label, detail = _release(occurrence, attempts)
         events.append(Event(occurrence.available_at, label, detail))
     if occurrence.throttled:
+        # Shown with the publish that may have waited: a later offer's when the release moved after the first.
+        waited_at = occurrence.available_at if _moved_after_publish(occurrence) else occurrence.enqueued_at
         events.append(
             Event(
-                occurrence.enqueued_at or occurrence.available_at,
+                waited_at or occurrence.available_at,
                 "Throttled",
                 "A publish of it waited for its tenant's max_fires_per_second quota (the relays release no more "
                 "fires a second than that); the wait is the tenant's quota, not platform lag, and the misfire rule "
