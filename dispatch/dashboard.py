@@ -6,8 +6,11 @@ Every figure comes from PostgreSQL at page load (dispatch/sql/dashboard.py says 
 
 from __future__ import annotations
 
+import bisect
+import logging
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,8 +23,14 @@ from django.utils.safestring import SafeString, mark_safe
 from dispatch.sql import DB_NOW
 from dispatch.sql import dashboard as dashboard_sql
 from dispatch.stuck import DEFAULT_STUCK_AFTER_SECONDS, STUCK_PAGE, stuck_pages
+from schedules.cron_syntax import TimeRuleError
+from schedules.timerules import TimeRule
+
+logger = logging.getLogger(__name__)
 
 WINDOW_MINUTES = 60
+# The chart of fires due ahead covers this many minutes from now.
+DUE_MINUTES = 60
 # Above this many occurrences in the window the chart reads a sample (TABLESAMPLE SYSTEM), scaled back up.
 SAMPLE_ROWS = 200_000
 TENANT_ROWS = 12
@@ -42,14 +51,47 @@ STATE_COLORS = {
 LANE_COLORS = {"strict": ("#1565c0", "#42a5f5", "#90caf9"), "flexible": ("#2e7d32", "#66bb6a", "#a5d6a7")}
 
 
+@dataclass(frozen=True)
+class LagWindow:
+    """A span the lag chart can cover: its bucket keeps the chart near 60-100 points, its labels one per `label_every`
+    buckets (every 10 minutes, hourly, every 4 hours)."""
+
+    key: str
+    title: str
+    minutes: int
+    bucket_minutes: int
+    label_every: int
+
+
+LAG_WINDOWS = {
+    window.key: window
+    for window in (
+        LagWindow("1h", "last hour", 60, 1, 10),
+        LagWindow("6h", "last 6 hours", 360, 5, 12),
+        LagWindow("24h", "last 24 hours", 1440, 15, 16),
+    )
+}
+DEFAULT_LAG_WINDOW = "1h"
+
+
+def lag_window(value: Any) -> LagWindow:
+    """The window a query parameter asks for; anything else (absent, misspelt, a list) is the default hour."""
+    return LAG_WINDOWS.get(value if isinstance(value, str) else "", LAG_WINDOWS[DEFAULT_LAG_WINDOW])
+
+
 @dataclass
 class Dashboard:
     now: datetime
     sample_percent: float
     minutes: list[datetime]
-    lag: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)  # lane -> quantile -> per minute
+    lag_window: LagWindow = LAG_WINDOWS[DEFAULT_LAG_WINDOW]
+    lag_buckets: list[datetime] = field(default_factory=list)  # the lag chart's x axis (minutes for the hour)
+    lag_sample_percent: float = 100.0
+    lag: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)  # lane -> quantile -> per bucket
     states: dict[str, list[int]] = field(default_factory=dict)  # state -> per minute
     recent_by_tenant: dict[int, int] = field(default_factory=dict)
+    # Fires of the last hour that reached the broker, each counted once however often it was offered again.
+    sent_by_tenant: dict[int, int] = field(default_factory=dict)
     due: list[tuple[datetime, int]] = field(default_factory=list)
     backlog: dict[str, float] = field(default_factory=dict)
     dead: int = 0
@@ -66,32 +108,41 @@ class Dashboard:
             colors = LANE_COLORS.get(lane, ("#444", "#777", "#aaa"))
             for (quantile, values), color in zip(sorted(quantiles.items(), reverse=True), colors, strict=False):
                 series.append((f"{lane} {quantile}", color, values))
-        return line_chart(series, self.minutes, unit="s", empty="No fire was enqueued in the last hour yet.")
+        return line_chart(
+            series,
+            self.lag_buckets or self.minutes,
+            unit="s",
+            empty=f"No fire was enqueued in the {self.lag_window.title} yet.",
+            label_every=self.lag_window.label_every,
+        )
+
+    def lag_choices(self) -> list[dict[str, Any]]:
+        return [{"key": w.key, "title": w.key, "selected": w == self.lag_window} for w in LAG_WINDOWS.values()]
 
     def states_chart(self) -> SafeString:
         stacks = [(state, STATE_COLORS.get(state, "#999"), counts) for state, counts in self.states.items()]
         return stacked_bars(stacks, self.minutes, empty="No fire was due in the last hour yet.")
 
     def due_chart(self) -> SafeString:
-        return bar_chart(self.due, empty="Nothing falls due in the next hour.")
+        start = self.now.replace(second=0, microsecond=0)
+        return bar_chart(self.due, start=start, empty="Nothing falls due in the next hour.")
 
 
-def build(*, shards: int | None = None) -> Dashboard:
+def build(*, shards: int | None = None, lag: LagWindow | None = None) -> Dashboard:
     shards = shards or settings.SCHEDULER_SHARDS
+    lag = lag or LAG_WINDOWS[DEFAULT_LAG_WINDOW]
     with connection.cursor() as cursor:
         cursor.execute(DB_NOW)
         now = cursor.fetchone()[0]
         since = (now - timedelta(minutes=WINDOW_MINUTES)).replace(second=0, microsecond=0)
         minutes = [since + timedelta(minutes=n) for n in range(WINDOW_MINUTES + 1)]
-        cursor.execute(dashboard_sql.RECENT_ROWS_ESTIMATE, {"since": since})
-        estimate = float(cursor.fetchone()[0] or 0)
-        percent = 100.0 if estimate <= SAMPLE_ROWS else max(0.01, 100.0 * SAMPLE_ROWS / estimate)
-        dash = Dashboard(now=now, sample_percent=percent, minutes=minutes)
-        sample = "" if percent >= 100 else f"TABLESAMPLE SYSTEM ({percent:.4f})"
-        cursor.execute(dashboard_sql.RECENT_BY_MINUTE.format(sample=sample), {"since": since})
+        percent = _sample_percent(cursor, since)
+        dash = Dashboard(now=now, sample_percent=percent, minutes=minutes, lag_window=lag, lag_sample_percent=percent)
+        cursor.execute(dashboard_sql.RECENT_BY_MINUTE.format(sample=_sample_clause(percent)), {"since": since})
         _fill_recent(dash, cursor.fetchall(), scale=100.0 / percent)
-        cursor.execute(dashboard_sql.DUE_NEXT_HOUR, {"shards": shards})
-        dash.due = [(minute, int(fires)) for minute, fires in cursor.fetchall()]
+        if lag.minutes != WINDOW_MINUTES:
+            _fill_lag(cursor, dash, lag)
+        dash.due = _due_next_hour(cursor, now, shards)
         cursor.execute(dashboard_sql.BACKLOG)
         due_envelopes, due_fires, oldest_age, unsettled = cursor.fetchone()
         dash.backlog = {
@@ -115,6 +166,7 @@ def build(*, shards: int | None = None) -> Dashboard:
                     "running": running,
                     "throttled_claims": waited,
                     "recent": dash.recent_by_tenant.get(tenant_id, 0),
+                    "sent": dash.sent_by_tenant.get(tenant_id, 0),
                 }
             )
         cursor.execute(dashboard_sql.RUNNING_BY_WORKER)
@@ -139,6 +191,101 @@ def build(*, shards: int | None = None) -> Dashboard:
     return dash
 
 
+def _sample_percent(cursor: Any, since: datetime) -> float:
+    """100 below a sample's worth of occurrences since `since` (by the planner's estimate), a smaller share above."""
+    cursor.execute(dashboard_sql.RECENT_ROWS_ESTIMATE, {"since": since})
+    estimate = float(cursor.fetchone()[0] or 0)
+    return 100.0 if estimate <= SAMPLE_ROWS else max(0.01, 100.0 * SAMPLE_ROWS / estimate)
+
+
+def _sample_clause(percent: float) -> str:
+    return "" if percent >= 100 else f"TABLESAMPLE SYSTEM ({percent:.4f})"
+
+
+def _fill_lag(cursor: Any, dash: Dashboard, lag: LagWindow) -> None:
+    """The lag chart over a longer window than the hour, per bucket of lag.bucket_minutes, read apart from the
+    hour's other figures (which stay an hour) with a sample of its own: a day is ~200 M rows at full load."""
+    bucket = timedelta(minutes=lag.bucket_minutes)
+    start = dash.now - timedelta(minutes=lag.minutes)
+    # Buckets start on multiples of the bucket size (date_bin's origin below is midnight UTC of a past day).
+    since = start - (start - start.replace(hour=0, minute=0, second=0, microsecond=0)) % bucket
+    dash.lag_buckets = [since + bucket * n for n in range(lag.minutes // lag.bucket_minutes + 1)]
+    percent = _sample_percent(cursor, since)
+    dash.lag_sample_percent = percent
+    cursor.execute(
+        dashboard_sql.LAG_BY_BUCKET.format(sample=_sample_clause(percent)),
+        {"since": since, "bucket": bucket},
+    )
+    index = {instant: n for n, instant in enumerate(dash.lag_buckets)}
+    width = len(dash.lag_buckets)
+    lanes: dict[str, dict[str, list[float | None]]] = defaultdict(
+        lambda: {"p50": [None] * width, "p95": [None] * width, "p99": [None] * width}
+    )
+    for instant, lane, p50, p95, p99 in cursor.fetchall():
+        if instant in index and p50 is not None:
+            for name, value in (("p50", p50), ("p95", p95), ("p99", p99)):
+                lanes[lane][name][index[instant]] = max(0.0, float(value))
+    dash.lag = dict(lanes)
+
+
+def _due_next_hour(cursor: Any, now: datetime, shards: int) -> list[tuple[datetime, int]]:
+    """Fires due in the next DUE_MINUTES, per minute: materialized ones plus the expanded rules of the cursors."""
+    until = now + timedelta(minutes=DUE_MINUTES)
+    params = {"now": now, "until": until, "shards": shards}
+    cursor.execute(dashboard_sql.DUE_MATERIALIZED, params)
+    materialized = cursor.fetchall()
+    cursor.execute(dashboard_sql.CURSOR_ROWS_ESTIMATE)
+    estimate = float((cursor.fetchone() or [0])[0] or 0)
+    if estimate <= SAMPLE_ROWS:
+        source, scale = dashboard_sql.DUE_CURSORS_BY_SHARD, 1.0
+    else:
+        percent = max(0.01, 100.0 * SAMPLE_ROWS / estimate)
+        source, scale = dashboard_sql.DUE_CURSORS_SAMPLED.format(percent=f"{percent:.4f}"), 100.0 / percent
+    cursor.execute(dashboard_sql.DUE_CURSOR_GROUPS.format(source=source), params)
+    return due_per_minute(now, until, materialized, cursor.fetchall(), scale=scale)
+
+
+def due_per_minute(
+    now: datetime,
+    until: datetime,
+    materialized: Iterable[tuple[datetime, int]],
+    cursor_groups: Iterable[tuple[str, str | None, str | None, datetime, int]],
+    *,
+    scale: float = 1.0,
+) -> list[tuple[datetime, int]]:
+    """Per minute, the fires due in [now, until): materialized (minute, fires) as they are, plus each cursor group
+    (kind, cron, timezone, first instant, schedules) expanded through its rule and multiplied by its schedules.
+
+    Each (cron, zone) is expanded once: its fires in the window, then every group of that rhythm counts the fires
+    from its first instant on (a running sum over the fires), so the cost is the distinct rules times their fires in
+    the hour, not the schedules.
+    """
+    counts: dict[datetime, float] = defaultdict(float)
+    for minute, written in materialized:
+        counts[minute] += int(written)
+    rhythms: dict[tuple[str, str], list[tuple[datetime, int]]] = defaultdict(list)
+    for kind, cron, timezone, first, schedules in cursor_groups:
+        if kind == "cron" and cron and timezone:
+            rhythms[(cron, timezone)].append((first, int(schedules)))
+        else:
+            counts[first.replace(second=0, microsecond=0)] += int(schedules) * scale
+    for (cron, timezone), starts in rhythms.items():
+        try:
+            fires = TimeRule(kind="cron", cron=cron, timezone=timezone).fires_between(now, until)
+        except (TimeRuleError, ValueError):
+            # A rule the validator would refuse cannot be in a cursor; should one be, the chart goes on without it.
+            logger.warning("due chart: cannot expand %r in %s", cron, timezone, extra={"action": "dashboard"})
+            continue
+        joining = [0] * (len(fires) + 1)
+        for first, schedules in starts:
+            joining[bisect.bisect_left(fires, first)] += schedules
+        sharing = 0
+        for index, fire in enumerate(fires):
+            sharing += joining[index]
+            counts[fire.replace(second=0, microsecond=0)] += sharing * scale
+    return sorted((minute, round(total)) for minute, total in counts.items() if round(total) > 0)
+
+
 def _fill_recent(dash: Dashboard, rows: list[tuple], *, scale: float) -> None:
     index = {minute: n for n, minute in enumerate(dash.minutes)}
     width = len(dash.minutes)
@@ -146,7 +293,7 @@ def _fill_recent(dash: Dashboard, rows: list[tuple], *, scale: float) -> None:
         lambda: {"p50": [None] * width, "p95": [None] * width, "p99": [None] * width}
     )
     states: dict[str, list[int]] = defaultdict(lambda: [0] * width)
-    for grouping, minute, lane, state, tenant_id, count, p50, p95, p99 in rows:
+    for grouping, minute, lane, state, tenant_id, count, sent, p50, p95, p99 in rows:
         if grouping == 3 and minute in index and p50 is not None:
             for name, value in (("p50", p50), ("p95", p95), ("p99", p99)):
                 lag[lane][name][index[minute]] = max(0.0, float(value))
@@ -154,6 +301,7 @@ def _fill_recent(dash: Dashboard, rows: list[tuple], *, scale: float) -> None:
             states[state][index[minute]] = round(count * scale)
         elif grouping == 14:
             dash.recent_by_tenant[tenant_id] = round(count * scale)
+            dash.sent_by_tenant[tenant_id] = round(sent * scale)
     dash.lag = dict(lag)
     order = list(STATE_COLORS)
     dash.states = {state: states[state] for state in sorted(states, key=lambda s: order.index(s) if s in order else 99)}
@@ -210,17 +358,26 @@ def _empty(message: str) -> SafeString:
 
 
 def _time_labels(minutes: list[datetime], every: int = 10) -> list[tuple[float, str]]:
+    """A label on each point at a round time of the clock: every `every` points' worth of time since midnight UTC
+    (every 10 minutes on a chart of minutes, every hour on one of 5-minute buckets), whatever instant it starts at."""
     plot_w = WIDTH - LEFT
     step = plot_w / max(1, len(minutes) - 1)
+    spacing = (minutes[1] - minutes[0]) * every if len(minutes) > 1 else timedelta(minutes=every)
     return [
         (LEFT + n * step, minute.astimezone(UTC).strftime("%H:%M"))
         for n, minute in enumerate(minutes)
-        if n % every == 0
+        if (minute - minute.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)) % spacing
+        == timedelta(0)
     ]
 
 
 def line_chart(
-    series: list[tuple[str, str, list[float | None]]], minutes: list[datetime], *, unit: str, empty: str
+    series: list[tuple[str, str, list[float | None]]],
+    minutes: list[datetime],
+    *,
+    unit: str,
+    empty: str,
+    label_every: int = 10,
 ) -> SafeString:
     values = [v for _, _, points in series for v in points if v is not None]
     if not values:
@@ -228,7 +385,7 @@ def line_chart(
     top = max(values) * 1.1 or 1.0
     plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM - TOP
     step = plot_w / max(1, len(minutes) - 1)
-    parts = _frame(top, unit, _time_labels(minutes))
+    parts = _frame(top, unit, _time_labels(minutes, label_every))
     for _, color, points in series:
         coords = [
             f"{LEFT + n * step:.1f},{TOP + plot_h * (1 - v / top):.1f}" for n, v in enumerate(points) if v is not None
@@ -264,11 +421,10 @@ def stacked_bars(stacks: list[tuple[str, str, list[int]]], minutes: list[datetim
     return _svg(parts, "fires per minute by state")
 
 
-def bar_chart(points: list[tuple[datetime, int]], *, empty: str) -> SafeString:
+def bar_chart(points: list[tuple[datetime, int]], *, start: datetime, empty: str) -> SafeString:
     if not points:
         return _empty(empty)
-    start = points[0][0].replace(second=0, microsecond=0)
-    minutes = [start + timedelta(minutes=n) for n in range(61)]
+    minutes = [start + timedelta(minutes=n) for n in range(DUE_MINUTES + 1)]
     by_minute = dict(points)
     counts = [by_minute.get(minute, 0) for minute in minutes]
     top = float(max(2, math.ceil(max(counts) * 1.1)))

@@ -71,8 +71,13 @@ def stored_families(rows: list[tuple[str, Any, float]], served_tenants: set[str]
     for family in counters.FAMILIES.values():
         if isinstance(family, counters.Counter):
             metric = CounterMetricFamily(family.name, family.documentation, labels=family.labelnames)
-            for labels, value in samples.get(family.name, []):
+            stored = samples.get(family.name, [])
+            for labels, value in stored:
                 metric.add_metric([labels.get(n, "") for n in family.labelnames], value)
+            if not stored and not family.labelnames:
+                # A counter without labels has exactly one series, and it exists from the start: Prometheus expects
+                # `name_total 0` before the first increment (rate() and absent() need the sample, not a bare TYPE).
+                metric.add_metric([], 0.0)
             yield metric
         elif isinstance(family, counters.Histogram):
             yield _histogram(family, samples, served_tenants)
@@ -91,6 +96,8 @@ def _histogram(
         tuple(labels.get(n, "") for n in family.labelnames): value
         for labels, value in samples.get(f"{family.name}_sum", [])
     }
+    if not per_series and not family.labelnames:
+        per_series[()] = {}  # its one series exists before the first observation: every bucket, count and sum 0
     for key, buckets in sorted(per_series.items()):
         if "tenant" in family.labelnames and key[family.labelnames.index("tenant")] not in served_tenants:
             continue  # a tenant that left the busiest: its frozen series is no longer served
@@ -128,7 +135,10 @@ def _gauges(cursor) -> Iterator[Metric]:
 
     cursor.execute(metrics_sql.METRICS_TENANT_QUOTAS, {"limit": TENANT_SERIES_LIMIT})
     dispatched = CounterMetricFamily(
-        "scheduler_tenant_dispatched_fires", "Fires the relays sent per tenant.", labels=["tenant"]
+        "scheduler_tenant_dispatched_fires",
+        "Publishes of the tenant's fires by the relays; a fire offered again (parked for max_running, retried) counts "
+        "again.",
+        labels=["tenant"],
     )
     throttled_fires = CounterMetricFamily(
         "scheduler_tenant_throttled_fires",

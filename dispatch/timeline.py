@@ -16,7 +16,7 @@ from typing import Any
 
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 
-__all__ = ["Event", "Verdict", "occurrence_timeline", "seconds_text", "verdict"]
+__all__ = ["Event", "Verdict", "occurrence_timeline", "offset_text", "seconds_text", "verdict"]
 
 # Released this long after its fire time by a path other than flexible spread or catch-up pacing: an operator's
 # backfill (written long after the fact) rather than an ordinary fire.
@@ -50,6 +50,13 @@ def seconds_text(span: timedelta) -> str:
     return f"{'+' if seconds >= 0 else '-'}{abs(seconds):.3f} s"
 
 
+def offset_text(span: timedelta, reference: str) -> str:
+    """How far an instant lies from a reference, in words that never read as a negative duration:
+    '0.412 s after release', '1.171 s before its fire time'."""
+    seconds = span.total_seconds()
+    return f"{abs(seconds):.3f} s {'after' if seconds >= 0 else 'before'} {reference}"
+
+
 def _utc(instant: datetime) -> str:
     return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
@@ -73,15 +80,39 @@ def _origin(occurrence: Occurrence) -> str:
     return "the schedule's rhythm"
 
 
-def _release_detail(occurrence: Occurrence, attempts: Sequence[Attempt]) -> str:
-    delay = seconds_text(occurrence.available_at - occurrence.scheduled_for)
+def _moved_after_publish(occurrence: Occurrence) -> bool:
+    """Whether its release instant (available_at) was moved after its first publish (enqueued_at keeps the first
+    stamp): a retry's due time, or a new offer after it waited for a running slot. Then enqueued_at - available_at
+    is no delay of anything."""
+    return occurrence.enqueued_at is not None and occurrence.available_at > occurrence.enqueued_at
+
+
+def _release(occurrence: Occurrence, attempts: Sequence[Attempt]) -> tuple[str, str]:
+    """The label and the why of the release instant when it is not the fire time."""
+    delay = offset_text(occurrence.available_at - occurrence.scheduled_for, "its fire time")
     if occurrence.forced and any(a.started_at < occurrence.available_at for a in attempts):
-        return f"{delay} after its fire time: replayed from the dead-letter queue, under the same id"
+        return "Released again", f"{delay}: replayed from the dead-letter queue, under the same id."
+    if _moved_after_publish(occurrence):
+        ended = [a for a in attempts if a.finished_at is not None and a.finished_at <= occurrence.available_at]
+        if ended and ended[-1].outcome != "succeeded":
+            return (
+                "Retry due",
+                f"{delay}: attempt {ended[-1].generation} {ended[-1].outcome or 'ended'}, and its retry waited out the "
+                "backoff.",
+            )
+        # Parking for the running quota keeps the attempts and clears nothing else: no attempt ended before it.
+        return (
+            "Offered again",
+            f"{delay}: when a worker took it, its tenant already ran max_running occurrences, so it went back to wait "
+            "for a running slot and was offered again. That wait is the tenant's quota, not platform lag.",
+        )
     if occurrence.forced and not occurrence.manual:
-        return f"{delay} after its fire time: released when the operator's backfill wrote it (paced by catch-up)"
+        return "Released", f"{delay}: released when the operator's backfill wrote it (paced by catch-up)."
     if occurrence.lane == "flexible":
-        return f"{delay}: its slot in the flexible lane's spread window"
-    return f"{delay}: paced by the tenant's catch-up budget (max catch-up fires per minute)"
+        return "Released", f"{delay}: its slot in the flexible lane's spread window."
+    if occurrence.created_at > occurrence.scheduled_for:
+        return "Released", f"{delay}: paced by the tenant's catch-up budget (max catch-up fires per minute)."
+    return "Released", f"{delay}."
 
 
 def occurrence_timeline(
@@ -106,25 +137,24 @@ def occurrence_timeline(
         Event(occurrence.scheduled_for, "Fire time (scheduled for)", "The instant the rule asked for."),
     ]
     if occurrence.available_at != occurrence.scheduled_for:
-        events.append(Event(occurrence.available_at, "Released", _release_detail(occurrence, attempts)))
+        label, detail = _release(occurrence, attempts)
+        events.append(Event(occurrence.available_at, label, detail))
     if occurrence.throttled:
+        # Shown with the publish that may have waited: a later offer's when the release moved after the first.
+        waited_at = occurrence.available_at if _moved_after_publish(occurrence) else occurrence.enqueued_at
         events.append(
             Event(
-                occurrence.enqueued_at or occurrence.available_at,
+                waited_at or occurrence.available_at,
                 "Throttled",
-                "Waited for the tenant's max_fires_per_second quota before it was published; that wait is the "
-                "tenant's quota, not platform lag, and the misfire rule does not count it.",
+                "A publish of it waited for its tenant's max_fires_per_second quota (the relays release no more "
+                "fires a second than that); the wait is the tenant's quota, not platform lag, and the misfire rule "
+                "does not count it.",
                 tone="warn",
             )
         )
     if occurrence.enqueued_at is not None:
         events.append(
-            Event(
-                occurrence.enqueued_at,
-                "Published to the broker (enqueued)",
-                f"{seconds_text(occurrence.enqueued_at - occurrence.available_at)} after release, "
-                f"{seconds_text(occurrence.enqueued_at - occurrence.scheduled_for)} after its fire time.",
-            )
+            Event(occurrence.enqueued_at, "Published to the broker (enqueued)", _published_detail(occurrence))
         )
     for attempt in attempts:
         events.extend(_attempt_events(occurrence, attempt, now))
@@ -136,13 +166,28 @@ def occurrence_timeline(
     return sorted(events, key=lambda event: (event.at or far, order[id(event)]))
 
 
+def _published_detail(occurrence: Occurrence) -> str:
+    assert occurrence.enqueued_at is not None
+    since_fire = offset_text(occurrence.enqueued_at - occurrence.scheduled_for, "its fire time")
+    if _moved_after_publish(occurrence):
+        # enqueued_at is the first publish; available_at now is a later offer's, so their difference means nothing.
+        return f"First published {since_fire}; its release instant moved later since (see below)."
+    if occurrence.available_at == occurrence.scheduled_for:
+        waited = f"{since_fire}."
+    else:
+        waited = f"{offset_text(occurrence.enqueued_at - occurrence.available_at, 'release')}, {since_fire}."
+    if occurrence.throttled:
+        waited += " Time after release was spent waiting for the tenant's max_fires_per_second quota."
+    return waited
+
+
 def _attempt_events(occurrence: Occurrence, attempt: Attempt, now: datetime) -> list[Event]:
     worker = f" by {attempt.worker}" if attempt.worker else ""
     events = [
         Event(
             attempt.started_at,
             f"Attempt {attempt.generation} started",
-            f"Claimed{worker}, {seconds_text(attempt.started_at - occurrence.scheduled_for)} after its fire time.",
+            f"Claimed{worker}, {offset_text(attempt.started_at - occurrence.scheduled_for, 'its fire time')}.",
             attempt=attempt.generation,
         )
     ]
@@ -202,7 +247,7 @@ def verdict(
         late = (occurrence.finished_at or now) - occurrence.scheduled_for
         return Verdict(
             "missed (no reason recorded)",
-            f"It was recorded {seconds_text(late)} after its fire time; {version}: {rule}." if rule else "",
+            f"It was recorded {offset_text(late, 'its fire time')}; {version}: {rule}." if rule else "",
             "error",
         )
     if state == OccurrenceState.SKIPPED_OVERLAP:
@@ -232,7 +277,7 @@ def verdict(
             took = f" in {seconds_text(last.finished_at - last.started_at).lstrip('+')}"
         started = ""
         if attempts:
-            started = f", started {seconds_text(attempts[0].started_at - occurrence.scheduled_for)} after its fire time"
+            started = f", started {offset_text(attempts[0].started_at - occurrence.scheduled_for, 'its fire time')}"
         return Verdict(f"succeeded on attempt {occurrence.attempt_count}{took}{started}.", tone="ok")
     if state == OccurrenceState.RETRY_WAIT:
         if reason.startswith("throttled"):

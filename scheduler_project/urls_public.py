@@ -1,7 +1,9 @@
 """Routes of the public host: the operator console, metrics and health."""
 
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import path
+from django.views.generic import RedirectView
 from rest_framework.authtoken.models import TokenProxy
 
 from scheduler_project.health import healthz
@@ -17,4 +19,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("metrics", metrics, name="metrics"),
     path("healthz", healthz, name="healthz"),
+    # Pages without an icon link (/metrics as text, an API answer opened in a browser) still ask for this one.
+    path("favicon.ico", RedirectView.as_view(url=static("schedules/favicon.svg"), permanent=True)),
 ]

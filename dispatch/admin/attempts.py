@@ -33,9 +33,6 @@ class AttemptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     )
     readonly_fields = fields
 
-    class Media:
-        css = {"all": ("schedules/css/console.css",)}
-
     def has_module_permission(self, request: HttpRequest) -> bool:
         return False
 

@@ -12,6 +12,7 @@ from django.http import HttpRequest
 
 from dispatch.admin.common import precise_utc
 from dispatch.queues import ALL_QUEUES
+from dispatch.stuck import DEFAULT_STUCK_AFTER_SECONDS, STUCK_PAGE, stuck_pages
 from scheduler_project.console import EARLIEST_INSTANT, parse_instant_text, parse_uuid
 from schedules.clock import db_now
 from schedules.models import Lane, Schedule
@@ -76,6 +77,8 @@ class ScheduleIdFilter(admin.SimpleListFilter):
 # cheap), so the sort reads every row of the range: at 200 M fires a day ~8 M rows an hour, where the whole table
 # is days of 200 M. One schedule's occurrences (?schedule=) come from its own index over any range.
 DEFAULT_WINDOW = timedelta(hours=1)
+# Where ScheduledRangeFilter leaves its bounds and clock on the request, for the filters that need the same range.
+RANGE_ON_REQUEST = "occurrence_range"
 RELATIVE_PATTERN = re.compile(r"^now-(\d{1,6})([mhd])$")
 RELATIVE_UNITS = {"m": "minutes", "h": "hours", "d": "days"}
 DEFAULT_PRESET = "now-1h"
@@ -120,6 +123,7 @@ class ScheduledRangeFilter(admin.ListFilter):
             self.values = {}
             messages.error(request, f"Range ignored ({'; '.join(errors)}); showing the default range instead.")
         self.narrowed = any(parse_uuid(request.GET.get(name, "")) is not None for name in ("schedule", "q"))
+        setattr(request, RANGE_ON_REQUEST, (*self.bounds(), self.now))
 
     def _parse(self, raw: str) -> datetime:
         relative = RELATIVE_PATTERN.match(raw.strip())
@@ -178,3 +182,49 @@ class ScheduledRangeFilter(admin.ListFilter):
             "until": precise_utc(before) if before else "",
             "narrowed": self.narrowed,
         }
+
+
+# A schedule's list may cover any time; stuck occurrences are looked for over this much of it (the dashboard's tile
+# counts the same day), since the stuck scan reads every non-terminal row of its range, not one schedule's index.
+STUCK_WINDOW_WITHOUT_RANGE = timedelta(days=1)
+
+
+class StuckFilter(admin.SimpleListFilter):
+    """Occurrences stuck now, as dispatch.stuck defines them (the definition reconcile reports and `replay --stuck`
+    re-drives), within the list's range: the dashboard's "stuck" tile links here.
+
+    The stuck scan walks the range in (scheduled_for, occurrence_id) order on the day partitions, like the list
+    itself; its first page (the oldest STUCK_PAGE) is listed, and more than that is said, not read.
+    """
+
+    title = "stuck"
+    parameter_name = "stuck"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("1", f"Stuck (> {DEFAULT_STUCK_AFTER_SECONDS // 60} min past due)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() != "1":
+            return queryset  # any other value is not a choice: ignored, as the admin ignores unknown choices
+        after, before, now = getattr(request, RANGE_ON_REQUEST, (None, None, db_now()))
+        until = before or now
+        if after is None:
+            after = until - STUCK_WINDOW_WITHOUT_RANGE
+            messages.info(request, "Stuck occurrences are looked for in the 24 hours before the end of the range.")
+        tenant = request.GET.get("tenant__id__exact", "")
+        page = next(
+            stuck_pages(
+                since=after,
+                until=until,
+                now=now,
+                stuck_after_seconds=DEFAULT_STUCK_AFTER_SECONDS,
+                tenant_id=int(tenant) if tenant.isdigit() and len(tenant) < 19 else None,
+            ),
+            [],
+        )
+        if len(page) >= STUCK_PAGE:
+            messages.warning(
+                request, f"More than {STUCK_PAGE} stuck occurrences in this range: the oldest {STUCK_PAGE} are listed."
+            )
+        # The range filter already bounds scheduled_for (and so the partitions read); the ids pick the stuck rows.
+        return queryset.filter(occurrence_id__in=[row.occurrence_id for row in page])

@@ -16,7 +16,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from dispatch.admin.common import ReadOnlyAdminMixin, precise_utc
-from dispatch.admin.filters import LaneFilter, ScheduledRangeFilter, ScheduleIdFilter
+from dispatch.admin.filters import LaneFilter, ScheduledRangeFilter, ScheduleIdFilter, StuckFilter
 from dispatch.errors import ReplayRefused
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 from dispatch.occurrences import replay_one
@@ -116,7 +116,7 @@ class OccurrenceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "attempt_count",
         "lane",
     )
-    list_filter = (ScheduledRangeFilter, ScheduleIdFilter, "state", LaneFilter, TenantFilter, "manual")
+    list_filter = (ScheduledRangeFilter, ScheduleIdFilter, StuckFilter, "state", LaneFilter, TenantFilter, "manual")
     list_display_links = ("short_id",)
     list_select_related = ("tenant", "schedule")
     search_fields = ("occurrence_id", "schedule__id")
@@ -150,9 +150,6 @@ class OccurrenceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "created_at_utc",
     )
     readonly_fields = fields
-
-    class Media:
-        css = {"all": ("schedules/css/console.css",)}
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type:
         return PageChangeList

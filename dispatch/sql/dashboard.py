@@ -2,8 +2,9 @@
 
 Each is bounded on a platform of 20 M schedules and 200 M occurrences a day: recent occurrences are read through
 the day partitions of the window (pruned on scheduled_for) and, once a window holds more than a sample's worth,
-through TABLESAMPLE SYSTEM at a percentage the caller computes from the planner's row estimate; schedules through
-the per-shard index cursor_due_by_shard; the quota and liveness tables are small.
+through TABLESAMPLE SYSTEM at a percentage the caller computes from the planner's row estimate; schedule cursors
+through the per-shard index cursor_due_by_shard, or a TABLESAMPLE of them when the table is big, grouped by rule so
+Python expands each rule once; the quota and liveness tables are small.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ WHERE i.inhparent = 'dispatch_occurrence'::regclass
 
 # One pass over the window, three groupings: per (minute, lane) the enqueue lag quantiles (confirmation - release
 # instant) of fires not held back by their tenant's fire rate; per (minute, state) how many fires; per tenant how
-# many. {sample} is "" or a TABLESAMPLE clause. `g` tells the grouping a row belongs to.
+# many, and how many of them reached the broker (enqueued_at is the first publish's stamp: a fire offered again
+# after a wait for a running slot or a retry is still one fire here, where the relays' publish counter counts every
+# offer). {sample} is "" or a TABLESAMPLE clause. `g` tells the grouping a row belongs to.
 RECENT_BY_MINUTE = """
 SELECT GROUPING(date_trunc('minute', o.scheduled_for), o.lane, o.state, o.tenant_id) AS g,
        date_trunc('minute', o.scheduled_for) AS minute, o.lane, o.state, o.tenant_id, count(*),
+       count(*) FILTER (WHERE o.enqueued_at IS NOT NULL),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM o.enqueued_at - o.available_at))
            FILTER (WHERE o.enqueued_at IS NOT NULL AND NOT o.throttled),
        percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM o.enqueued_at - o.available_at))
@@ -37,27 +41,59 @@ GROUP BY GROUPING SETS ((date_trunc('minute', o.scheduled_for), o.lane),
                         (o.tenant_id))
 """
 
-# Fires due in the next hour, per minute: materialized ones waiting in the outbox (by release instant), plus the
-# schedules whose cursor (next fire not yet materialized) falls in it, one index range per shard.
-DUE_NEXT_HOUR = """
-SELECT minute, sum(fires)::bigint FROM (
-    SELECT date_trunc('minute', m.available_at) AS minute, sum(cardinality(m.occurrence_ids)) AS fires
-    FROM dispatch_outboxmessage AS m
-    WHERE m.published_at IS NULL AND m.available_at >= clock_timestamp()
-      AND m.available_at < clock_timestamp() + interval '60 minutes'
-    GROUP BY 1
-    UNION ALL
-    SELECT date_trunc('minute', d.next_run_at), count(*)
-    FROM generate_series(0, %(shards)s - 1) AS s(shard)
-    CROSS JOIN LATERAL (
-        SELECT next_run_at FROM schedules_schedulecursor
-        WHERE shard = s.shard AND next_run_at >= clock_timestamp()
-          AND next_run_at < clock_timestamp() + interval '60 minutes'
-    ) AS d
-    GROUP BY 1
-) AS due
-GROUP BY minute
-ORDER BY minute
+# The lag chart over a window longer than RECENT_BY_MINUTE's hour: the same quantiles per (bucket, lane), buckets of
+# %(bucket)s aligned on midnight UTC (date_bin), through the day partitions of the window and {sample} as above.
+LAG_BY_BUCKET = """
+SELECT date_bin(%(bucket)s::interval, o.scheduled_for, TIMESTAMPTZ '2000-01-01 00:00:00+00') AS bucket, o.lane,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM o.enqueued_at - o.available_at)),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM o.enqueued_at - o.available_at)),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM o.enqueued_at - o.available_at))
+FROM dispatch_occurrence AS o {sample}
+WHERE o.scheduled_for >= %(since)s AND o.scheduled_for <= clock_timestamp()
+  AND o.enqueued_at IS NOT NULL AND NOT o.throttled
+GROUP BY 1, 2
+"""
+
+# Fires due in [now, until), per minute, come from two places that never overlap: a schedule's cursor is its next
+# fire NOT yet materialized, so its fires before the cursor are rows in the outbox and its fires from the cursor on
+# are not written anywhere yet.
+# 1. Materialized fires waiting in unpublished envelopes, by release instant (the partial index outbox_due).
+DUE_MATERIALIZED = """
+SELECT date_trunc('minute', m.available_at) AS minute, sum(cardinality(m.occurrence_ids))::bigint
+FROM dispatch_outboxmessage AS m
+WHERE m.published_at IS NULL AND m.available_at >= %(now)s AND m.available_at < %(until)s
+GROUP BY 1
+"""
+
+# 2. Cursors inside the window, grouped so that Python expands each rule once (dispatch/dashboard.py): one row
+# per (cron, zone, first fire to count) with how many schedules share it. One cursor stands for every fire of its
+# rule from the cursor to `until` (an every-minute schedule is 60 fires an hour, not one). A cursor behind now
+# (the materializer is down or behind) counts from now: its overdue fires are the backlog, not the next hour. A
+# one-off's cursor is its only fire, so one-offs are only counted per minute, never expanded; their grouping key
+# drops the zone, which would otherwise give a group per zone. Rows: kind, cron, timezone, first instant, count.
+# {source} is DUE_CURSORS_BY_SHARD (one index range per shard on cursor_due_by_shard) or DUE_CURSORS_SAMPLED.
+DUE_CURSOR_GROUPS = """
+SELECT c.kind,
+       CASE WHEN c.kind = 'cron' THEN c.cron END,
+       CASE WHEN c.kind = 'cron' THEN c.timezone END,
+       CASE WHEN c.kind = 'cron' THEN GREATEST(c.next_run_at, %(now)s) ELSE date_trunc('minute', c.next_run_at) END,
+       count(*)
+FROM {source}
+WHERE c.next_run_at < %(until)s AND (c.kind = 'cron' OR c.next_run_at >= %(now)s)
+GROUP BY 1, 2, 3, 4
+"""
+DUE_CURSORS_BY_SHARD = """generate_series(0, %(shards)s - 1) AS s(shard)
+CROSS JOIN LATERAL (
+    SELECT kind, cron, timezone, next_run_at FROM schedules_schedulecursor
+    WHERE shard = s.shard AND next_run_at < %(until)s
+) AS c"""
+# Most cursors of a busy platform are inside the hour (the materializer keeps them a horizon ahead of each rule's
+# next fire), so above a sample's worth of rows the table is sampled by page and the counts scaled back up.
+DUE_CURSORS_SAMPLED = "schedules_schedulecursor AS c TABLESAMPLE SYSTEM ({percent})"
+
+# The planner's row count of the cursor table (reltuples, -1 before the first ANALYZE: counted as 0).
+CURSOR_ROWS_ESTIMATE = """
+SELECT GREATEST(c.reltuples, 0) FROM pg_class AS c WHERE c.oid = 'schedules_schedulecursor'::regclass
 """
 
 BACKLOG = """
@@ -71,7 +107,9 @@ FROM dispatch_outboxmessage
 
 DEAD_COUNT = "SELECT count(*) FROM dispatch_occurrence WHERE state = 'dead'"
 
-# Per tenant: the engine's quota counters (dispatch/sql/quotas.py), busiest first, bounded.
+# Per tenant: the engine's quota counters (dispatch/sql/quotas.py), busiest first, bounded. dispatched_fires counts
+# every publish since the tenant's first (a fire parked for max_running, or retried, is published again and counted
+# again): it is the relays' work for the tenant, not a number of fires.
 TENANT_USAGE = """
 SELECT t.id, t.slug, t.max_fires_per_second, t.max_running,
        COALESCE(b.dispatched_fires, 0), COALESCE(b.throttled_fires, 0),

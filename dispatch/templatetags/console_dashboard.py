@@ -16,7 +16,10 @@ logger = logging.getLogger(__name__)
 @register.inclusion_tag("admin/dispatch/dashboard.html", takes_context=True)
 def scheduler_dashboard(context: dict[str, Any]) -> dict[str, Any]:
     try:
-        return {"dash": dashboard.build(), "request": context.get("request")}
+        request = context.get("request")
+        # ?lag= picks the lag chart's window; an unknown value is the default hour (never an error page).
+        window = dashboard.lag_window(request.GET.get("lag") if request is not None else None)
+        return {"dash": dashboard.build(lag=window), "request": request}
     except Exception:
         # The index must still open (and link everywhere) when a figure cannot be read.
         logger.exception("dashboard failed", extra={"action": "dashboard"})

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import JSONField, OuterRef, Subquery
+from django.db.models import JSONField, OuterRef, Q, Subquery
 from django.db.models.functions import JSONObject
 
 from dispatch.models import Occurrence, OccurrenceState
@@ -37,6 +37,12 @@ FIRE_OUTCOME: dict[str, str] = {
     OccurrenceState.CANCELED: "canceled",
     OccurrenceState.SKIPPED_OVERLAP: "skipped (overlap)",
 }
+
+
+# "Last run" is the last fire that was due and went somewhere: ran, failed, was judged missed or skipped. A fire a
+# schedule change (update, pause, cancel) withdrew before any worker claimed it never ran: it is history on the
+# occurrence list, not the answer to "when did this last run?". One canceled while running did run, and counts.
+WITHDRAWN_UNRUN = Q(state=OccurrenceState.CANCELED, attempt_count=0)
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,10 @@ def run_statuses(schedules: Iterable[Schedule], now: datetime) -> dict[uuid.UUID
     since = now - timedelta(days=settings.SCHEDULER_RETENTION_DAYS + 1)
     last = (
         Occurrence.objects.filter(schedule_id=OuterRef("pk"), scheduled_for__gte=since, scheduled_for__lte=now)
-        .order_by("-scheduled_for")
+        .exclude(WITHDRAWN_UNRUN)
+        # An update withdraws the old version's fire and materializes the new version's at the same instant: the
+        # newest version is the one that ran.
+        .order_by("-scheduled_for", "-schedule_version")
         .values(run=_run_json())[:1]
     )
     # NULL for cron schedules (run_at IS NULL matches nothing), so only one-offs pay for this probe.

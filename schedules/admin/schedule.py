@@ -127,7 +127,6 @@ class ScheduleAdmin(ScheduleOperationsMixin, SafeActionSelectionMixin, admin.Mod
     object_history_template = "admin/schedules/schedule/object_history.html"
 
     class Media:
-        css = {"all": ("schedules/css/console.css",)}
         js = ("schedules/js/preview.js",)
 
     # -- permissions --

@@ -59,16 +59,27 @@ def demo_like(tenant_a, make_schedule, make_occurrence):
     return {"missed": missed, "dead": dead, "heartbeat": heartbeat}
 
 
-def log_in(page, live_server) -> None:
+def log_in(page, live_server) -> list[str]:
+    """Sign in; returns the list the page's console errors are collected in from then on."""
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
     page.goto(f"{live_server.url}/admin/login/")
     page.fill("#id_username", "operator")
     page.fill("#id_password", PASSWORD)
     page.click("input[type=submit]")
     page.wait_for_url(f"{live_server.url}/admin/")
+    return errors
+
+
+def overflowing(page, selector: str) -> list[str]:
+    """The elements matching `selector` whose content is wider than they are (clipped, or scrolling sideways)."""
+    return page.eval_on_selector_all(
+        selector, "els => els.filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.slice(0, 60))"
+    )
 
 
 def test_an_operator_sees_a_styled_dashboard_with_data_and_finds_why_a_fire_was_missed(page, live_server, demo_like):
-    log_in(page, live_server)
+    errors = log_in(page, live_server)
 
     # Styled: the admin stylesheet applied (the header has its colour, not the browser's default).
     header_background = page.eval_on_selector("#header", "e => getComputedStyle(e).backgroundColor")
@@ -77,12 +88,30 @@ def test_an_operator_sees_a_styled_dashboard_with_data_and_finds_why_a_fire_was_
     assert page.locator("svg.chart polyline").count() >= 1, "the lag chart has lines"
     assert page.locator("svg.chart rect[fill='#2e7d32']").count() >= 10, "succeeded fires per minute"
     assert "1" in page.locator(".tile").first.inner_text(), "one occurrence in the DLQ"
+    assert overflowing(page, ".ops-dash .panel") == [], "every panel fits at 1440 px, the tenants table too"
     if KEEP_SCREENSHOTS:
         page.screenshot(path=str(SCREENSHOTS / "dashboard.png"), full_page=True)
+    page.click(".windows a:text-is('6h')")
+    page.wait_for_load_state()
+    assert "Enqueue lag per lane, last 6 hours" in page.inner_text(".ops-dash")
+    assert page.locator("svg.chart polyline").count() >= 1
 
-    # Why didn't 09:00 run? The occurrence list, filtered to missed fires, then the occurrence itself.
-    page.goto(f"{live_server.url}/admin/dispatch/occurrence/?state__exact=missed")
+    # Why didn't the report run half an hour ago? From the index to the occurrence list, the range around that
+    # time typed into the range form, then the missed ones of it, then the occurrence itself.
+    missed_at = demo_like["missed"].scheduled_for
+    page.goto(f"{live_server.url}/admin/")
+    page.click("#content-main a:text-is('Occurrences')")
+    page.wait_for_load_state()
+    assert overflowing(page, "#changelist-form .results") == [], "the list's last columns are not cut off"
+    page.fill("#range-after", f"{missed_at - timedelta(minutes=2):%Y-%m-%d %H:%M}")
+    page.fill("#range-before", f"{missed_at + timedelta(minutes=2):%Y-%m-%d %H:%M}")
+    page.click("input[type=submit][value='Apply range']")
+    page.wait_for_load_state()
     rows = page.locator("#result_list tbody tr")
+    assert rows.count() == 5, "the report's missed fire and the heartbeat's four minutes around it"
+    page.click("#changelist-filter a:text-is('Missed')")
+    page.wait_for_load_state()
+    assert "scheduled_after=" in page.url and "state__exact=missed" in page.url, "the filters combine"
     assert rows.count() == 1
     rows.first.locator("a").first.click()
     page.wait_for_load_state()
@@ -90,6 +119,7 @@ def test_an_operator_sees_a_styled_dashboard_with_data_and_finds_why_a_fire_was_
     if KEEP_SCREENSHOTS:
         page.screenshot(path=str(SCREENSHOTS / "timeline.png"), full_page=True)
     assert Occurrence.objects.filter(pk=demo_like["missed"].pk, state="missed").exists()
+    assert errors == [], "no page logged an error (a missing icon did on every page)"
 
 
 def test_an_operator_runs_a_schedule_now_and_replays_a_dead_occurrence(page, live_server, demo_like):
@@ -97,7 +127,12 @@ def test_an_operator_runs_a_schedule_now_and_replays_a_dead_occurrence(page, liv
 
     # Run now, from the schedule's page: a manual occurrence is queued, and the action is in Recent actions.
     heartbeat = demo_like["heartbeat"]
+    page.goto(f"{live_server.url}/admin/schedules/schedule/")
+    assert overflowing(page, "#changelist-form .results") == [], "the schedule list's last columns are not cut off"
     page.goto(f"{live_server.url}/admin/schedules/schedule/{heartbeat.pk}/change/")
+    tools, title = page.locator(".object-tools").bounding_box(), page.locator("#content > h2").bounding_box()
+    assert tools is not None and title is not None
+    assert tools["y"] >= title["y"] + title["height"], "the operations sit below the schedule's name, not over it"
     page.click("text=Run now")
     page.click("input[type=submit][value='Run now']")
     page.wait_for_load_state()

@@ -18,6 +18,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from dispatch.models import Attempt, Occurrence, OccurrenceState
+from dispatch.stuck import stuck_pages
 from schedules.clock import db_now
 from schedules.models import Schedule, ScheduleVersion
 from schedules.services import cancel_schedule, create_schedule, pause_schedule
@@ -88,6 +89,25 @@ def entries_for(obj) -> list[str]:
     return list(LogEntry.objects.filter(object_id=str(obj.pk)).values_list("change_message", flat=True))
 
 
+# --- the frame ----------------------------------------------------------------------------------------------------
+
+
+def test_every_console_page_declares_its_icon_and_the_icon_is_served(console, db):
+    icon = re.compile(r'<link rel="icon" href="(/static/schedules/favicon\.svg)" type="image/svg\+xml">')
+    for url in ("/admin/", SCHEDULES_URL, OCCURRENCES_URL):
+        assert icon.search(html_of(console.get(url))), url
+    login_page = Client(HTTP_HOST="localhost").get("/admin/login/").content.decode()
+    found = icon.search(login_page)
+    assert found, "the login page too"
+
+    served = Client(HTTP_HOST="localhost").get(found.group(1))
+    assert served.status_code == 200
+    assert served["Content-Type"].startswith("image/svg+xml")
+    assert b"<svg" in b"".join(served.streaming_content)
+    legacy = Client(HTTP_HOST="localhost").get("/favicon.ico")
+    assert legacy.status_code == 301 and legacy["Location"] == found.group(1)
+
+
 # --- schedule list ------------------------------------------------------------------------------------------------
 
 
@@ -122,6 +142,44 @@ def test_schedule_list_warns_when_the_cursor_is_behind_now(console, make):
     assert re.search(r"cursor 7 min \d+ s behind", html)
     page = html_of(console.get(change_url(lagging)))
     assert re.search(r"7 min \d+ s behind now</span>. Fires already due have not been materialized", page)
+
+
+def test_the_last_run_is_the_newest_version_at_an_instant_and_never_a_fire_withdrawn_unrun(console, make):
+    schedule = make(cron="* * * * *", timezone="UTC")
+    minute = db_now().replace(second=0, microsecond=0) - timedelta(minutes=3)
+    # 02:34 in the audit: version 2's fire was withdrawn by an update, version 3's fire at the same instant ran.
+    withdrawn = occurrence_for(
+        schedule, at=minute, version=2, state=OccurrenceState.CANCELED, state_reason="withdrawn: schedule updated"
+    )
+    ran = occurrence_for(schedule, at=minute, version=3, state=OccurrenceState.SUCCEEDED, attempt_count=1)
+    # The next minute's fire was withdrawn by a pause before any worker claimed it: it never ran.
+    occurrence_for(
+        schedule,
+        at=minute + timedelta(minutes=1),
+        version=3,
+        state=OccurrenceState.CANCELED,
+        state_reason="withdrawn: schedule paused",
+    )
+
+    html = html_of(console.get(SCHEDULES_URL))
+
+    assert f"/admin/dispatch/occurrence/{ran.pk}/change/" in html
+    assert f"/admin/dispatch/occurrence/{withdrawn.pk}/change/" not in html
+    assert f'{minute:%Y-%m-%d %H:%M} UTC</a> <span class="sched-state sched-state-succeeded">' in html
+    assert "sched-state-canceled" not in html
+
+
+def test_a_fire_canceled_while_it_ran_is_still_the_last_run(console, make):
+    schedule = make(cron="* * * * *", timezone="UTC")
+    minute = db_now().replace(second=0, microsecond=0) - timedelta(minutes=2)
+    occurrence_for(schedule, at=minute - timedelta(minutes=1), state=OccurrenceState.SUCCEEDED, attempt_count=1)
+    stopped = occurrence_for(
+        schedule, at=minute, state=OccurrenceState.CANCELED, attempt_count=1, state_reason="schedule canceled"
+    )
+
+    html = html_of(console.get(SCHEDULES_URL))
+
+    assert f"/admin/dispatch/occurrence/{stopped.pk}/change/" in html and "sched-state-canceled" in html
 
 
 @pytest.mark.parametrize(
@@ -394,6 +452,53 @@ def test_a_bad_range_is_reported_and_the_default_range_shown(console, make, quer
 
     assert response.status_code == 200
     assert any("Range ignored" in text for text in texts(response))
+
+
+def test_the_stuck_filter_lists_what_dispatch_stuck_finds_within_the_range(console, make):
+    schedule = make(cron="* * * * *", timezone="UTC")
+    now = db_now()
+    half_hour = now - timedelta(minutes=30)
+    stuck = [
+        occurrence_for(schedule, at=half_hour, state=OccurrenceState.ENQUEUED),
+        occurrence_for(
+            schedule,
+            at=half_hour + timedelta(minutes=1),
+            state=OccurrenceState.RUNNING,
+            attempt_count=1,
+            lease_expires_at=now - timedelta(minutes=20),
+        ),
+    ]
+    healthy = [
+        occurrence_for(schedule, at=now - timedelta(minutes=2), state=OccurrenceState.ENQUEUED),
+        occurrence_for(schedule, at=half_hour + timedelta(minutes=2), state=OccurrenceState.SUCCEEDED),
+        occurrence_for(
+            schedule,
+            at=half_hour + timedelta(minutes=3),
+            state=OccurrenceState.RUNNING,
+            attempt_count=1,
+            lease_expires_at=now + timedelta(seconds=30),
+        ),
+    ]
+    earlier = occurrence_for(schedule, at=now - timedelta(hours=3), state=OccurrenceState.SCHEDULED)
+
+    found = {
+        row.occurrence_id for page in stuck_pages(since=now - timedelta(days=1), until=now, now=now) for row in page
+    }
+    assert found == {o.pk for o in [*stuck, earlier]}, "the fixture is what the one definition calls stuck"
+
+    def listed(query: str) -> set[str]:
+        html = html_of(console.get(f"{OCCURRENCES_URL}?{query}"))
+        return {o for o in (str(x.pk) for x in [*stuck, *healthy, earlier]) if f"/{o}/change/" in html}
+
+    assert listed("stuck=1") == {str(o.pk) for o in stuck}, "the default hour: the one 3 h ago is outside it"
+    assert listed("stuck=1&scheduled_after=now-24h") == {str(o.pk) for o in [*stuck, earlier]}
+    assert listed("stuck=banana") == {str(o.pk) for o in [*stuck, *healthy]}, "not a choice: ignored"
+
+
+def test_the_dashboards_stuck_tile_links_to_the_stuck_filter_over_its_day(console, db):
+    html = html_of(console.get("/admin/"))
+
+    assert re.search(r'class="tile[^"]*" href="/admin/dispatch/occurrence/\?stuck=1&amp;scheduled_after=now-24h"', html)
 
 
 def test_one_schedules_occurrences_are_listed_over_any_range(console, make):

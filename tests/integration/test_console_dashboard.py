@@ -4,19 +4,23 @@ opens when nothing has happened yet."""
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from dispatch import dashboard
 from dispatch.identity import occurrence_id_for
 from dispatch.models import ProcessHeartbeat
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
+from dispatch.sql import dashboard as dashboard_sql
 from schedules.clock import db_now
+from tests.conftest import move_cursor, occurrence_for
 
 
 @pytest.fixture
@@ -79,3 +83,149 @@ def test_the_index_opens_with_empty_charts_before_anything_happened(console):
     text = page.content.decode()
     assert "No fire was enqueued in the last hour yet." in text
     assert "No process has a heartbeat" in text or "Processes" in text
+
+
+def test_fires_due_next_hour_count_every_fire_of_each_rule_not_one_per_cursor(tenant_a, make_schedule, monkeypatch):
+    tenant = tenant_a.tenant
+    now = db_now()
+    next_minute = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    ahead = make_schedule(tenant, name="every-minute-ahead", cron="* * * * *", timezone="UTC")
+    # The materializer wrote the next minute's fire (an envelope) and moved the cursor past it.
+    with connection.cursor() as cursor:
+        fire_id = occurrence_id_for(ahead.id, 1, next_minute)
+        enqueue(cursor, [Fire(fire_id, next_minute, tenant.id, STRICT_QUEUE, next_minute, 0)])
+    move_cursor(ahead.pk, next_minute + timedelta(minutes=1))
+    # Behind: the materializer is down; its fires still fall due every minute of the hour.
+    behind = make_schedule(tenant, name="every-minute-behind", cron="* * * * *", timezone="Asia/Kolkata")
+    move_cursor(behind.pk, now - timedelta(minutes=7))
+    daily_at = next_minute + timedelta(minutes=20)
+    daily = make_schedule(tenant, name="daily", cron=f"{daily_at.minute} {daily_at.hour} * * *", timezone="UTC")
+    move_cursor(daily.pk, daily_at)
+    once = make_schedule(tenant, name="once", kind="once", run_at=now + timedelta(minutes=30, seconds=10))
+
+    due = dict(dashboard.build().due)
+
+    assert sum(due.values()) == 60 + 60 + 1 + 1
+    assert len(due) >= 59, "a bar in (nearly) every minute, not a spike in the first few"
+    assert due[daily_at] == 3, "both every-minute schedules and the daily one"
+    assert due[once.run_at.replace(second=0, microsecond=0)] == 3
+    assert max(due) < now + timedelta(minutes=60)
+
+    # A big cursor table is read through TABLESAMPLE and scaled back up (here a sample of ~all of it).
+    monkeypatch.setattr(dashboard, "SAMPLE_ROWS", 1)
+    monkeypatch.setattr(dashboard_sql, "CURSOR_ROWS_ESTIMATE", "SELECT 1.000001::float8")
+    with CaptureQueriesContext(connection) as queries:
+        assert sum(dict(dashboard.build().due).values()) == 122
+    assert any("TABLESAMPLE SYSTEM (99.9999)" in query["sql"] for query in queries.captured_queries)
+
+
+def test_due_per_minute_expands_each_rule_once_and_scales_a_sample():
+    now = datetime(2026, 12, 2, 4, 0, 30, tzinfo=UTC)
+    until = now + timedelta(minutes=60)
+    groups = [
+        ("cron", "*/15 * * * *", "UTC", now, 2),  # 04:15, 04:30, 04:45, 05:00 for two schedules
+        ("cron", "*/15 * * * *", "UTC", datetime(2026, 12, 2, 4, 45, tzinfo=UTC), 1),  # from its cursor: 2 fires
+        ("cron", "0 5 * * *", "UTC", datetime(2026, 12, 2, 5, 0, tzinfo=UTC), 4),
+        ("once", None, None, datetime(2026, 12, 2, 4, 10, tzinfo=UTC), 5),
+    ]
+    at = {minute.strftime("%H:%M"): count for minute, count in dashboard.due_per_minute(now, until, [], groups)}
+    assert at == {"04:10": 5, "04:15": 2, "04:30": 2, "04:45": 3, "05:00": 7}
+
+    sampled = dashboard.due_per_minute(now, until, [(datetime(2026, 12, 2, 4, 5, tzinfo=UTC), 7)], groups, scale=10)
+    assert dict(sampled)[datetime(2026, 12, 2, 4, 5, tzinfo=UTC)] == 7, "materialized rows are read whole"
+    assert dict(sampled)[datetime(2026, 12, 2, 5, 0, tzinfo=UTC)] == 70
+
+
+@pytest.fixture
+def lag_history(tenant_a, make_schedule, make_occurrence):
+    """Fires enqueued 0.05 s late in the last hour, 2 s late three hours ago and 7 s late twenty hours ago."""
+    schedule = make_schedule(tenant_a.tenant, name="dash-lag-history")
+    now = db_now().replace(second=0, microsecond=0)
+    for ago, lag in ((timedelta(minutes=10), 0.05), (timedelta(hours=3), 2.0), (timedelta(hours=20), 7.0)):
+        at = now - ago
+        make_occurrence(schedule, at=at, state="succeeded", enqueued_at=at + timedelta(seconds=lag))
+
+
+@pytest.mark.parametrize(
+    ("window", "buckets", "bucket", "worst"),
+    [
+        ("1h", 61, timedelta(minutes=1), 0.05),
+        ("6h", 73, timedelta(minutes=5), 2.0),
+        ("24h", 97, timedelta(minutes=15), 7.0),
+    ],
+)
+def test_the_lag_chart_covers_the_window_asked_for_in_buckets_that_fit(lag_history, window, buckets, bucket, worst):
+    dash = dashboard.build(lag=dashboard.lag_window(window))
+    axis = dash.lag_buckets or dash.minutes
+
+    assert len(axis) == buckets
+    assert {b - a for a, b in pairwise(axis)} == {bucket}
+    assert max(p for p in dash.lag["strict"]["p99"] if p is not None) == pytest.approx(worst)
+    assert sum(dash.states["succeeded"]) == 1, "the states chart and the tenants stay on the last hour"
+
+
+@pytest.mark.parametrize(
+    ("query", "selected", "title"),
+    [
+        ("", "1h", "last hour"),
+        ("?lag=6h", "6h", "last 6 hours"),
+        ("?lag=24h", "24h", "last 24 hours"),
+        ("?lag=7d", "1h", "last hour"),
+        ("?lag=6H", "1h", "last hour"),
+        ("?lag=", "1h", "last hour"),
+    ],
+)
+def test_the_index_offers_the_lag_windows_as_links_and_falls_back_to_the_hour(
+    console, lag_history, query, selected, title
+):
+    response = console.get(f"/admin/{query}")
+    assert response.status_code == 200
+    page = response.content.decode()
+
+    assert f"Enqueue lag per lane, {title}" in page
+    chart = page[page.index('aria-label="enqueue lag per lane"') :].split("</svg>", 1)[0]
+    ticks = re.findall(r'class="tick">(\d\d):(\d\d)<', chart)
+    assert len(ticks) in (6, 7), "an x label every 10 min, 1 h or 4 h"
+    spacing = {"1h": 10, "6h": 60, "24h": 240}[selected]
+    assert all((int(h) * 60 + int(m)) % spacing == 0 for h, m in ticks), "at round times of the clock"
+    windows = page[page.index('class="windows"') :].split("</p>", 1)[0]
+    assert re.findall(r"<strong[^>]*>(\w+)</strong>", windows) == [selected]
+    assert sorted(re.findall(r'<a href="\?lag=(\w+)">', windows)) == sorted({"1h", "6h", "24h"} - {selected})
+
+
+def test_the_tenants_table_counts_fires_sent_once_apart_from_the_relays_publishes(console, tenant_a, make_schedule):
+    schedule = make_schedule(tenant_a.tenant, name="dash-reoffered")
+    now = db_now().replace(second=0, microsecond=0)
+    for minutes_ago, enqueued in ((3, True), (2, True), (1, False)):
+        at = now - timedelta(minutes=minutes_ago)
+        occurrence_for(
+            schedule, at=at, state="succeeded", enqueued_at=at + timedelta(seconds=0.1) if enqueued else None
+        )
+    # The relays published 5 times for those 2 fires: each was parked for max_running and offered again (and more).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO dispatch_tenant_fire_bucket (tenant_id, tokens, refilled_at, rate, dispatched_fires)"
+            " VALUES (%s, 0, clock_timestamp(), 10, 5)",
+            [tenant_a.tenant.id],
+        )
+        cursor.execute(
+            "INSERT INTO dispatch_tenant_running (tenant_id, running, throttled_claims) VALUES (%s, 0, 3)",
+            [tenant_a.tenant.id],
+        )
+
+    [row] = [t for t in dashboard.build().tenants if t["id"] == tenant_a.tenant.id]
+    assert (row["recent"], row["sent"], row["dispatched"], row["throttled_claims"]) == (3, 2, 5, 3)
+
+    page = console.get("/admin/").content.decode()
+    table = page[page.index("<h2>Tenants") :].split("</table>", 1)[0]
+    headers = re.findall(r'<th title="([^"]+)">([^<]+)</th>', table)
+    assert [text for _, text in headers] == [
+        "due, 1&nbsp;h",
+        "sent, 1&nbsp;h",
+        "publishes, total",
+        "throttled",
+        "running",
+        "over quota",
+    ]
+    assert "each counted once" in headers[1][0] and "re-offer" in headers[2][0]
+    assert re.search(r"<td>3</td>\s*<td>2</td>\s*<td>5</td>", table)

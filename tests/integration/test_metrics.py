@@ -171,6 +171,24 @@ def test_histograms_from_any_process_are_cumulative_with_count_and_sum(db):
     assert after[count] - before.get(count, 0) == 4
 
 
+def test_counters_and_histograms_without_labels_show_a_zero_sample_before_their_first_count(db, monkeypatch):
+    monkeypatch.setattr(counters, "_pending", {})  # nothing another test left pending in this process
+    monkeypatch.setattr(counters, "FAMILIES", dict(counters.FAMILIES))  # the probe family below is this test's
+    probe = counters.Histogram("scheduler_test_probe_seconds", "A histogram without labels, never observed.")
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM dispatch_metric_counter WHERE name LIKE 'scheduler_worker_claims%%'")
+
+    lines = Client(HTTP_HOST="localhost").get("/metrics").content.decode().splitlines()
+
+    assert "scheduler_worker_claims_total 0.0" in lines
+    assert "scheduler_materializer_conflicts_total 0.0" in lines
+    assert 'scheduler_test_probe_seconds_bucket{le="+Inf"} 0.0' in lines
+    assert f'scheduler_test_probe_seconds_bucket{{le="{probe.bucket_labels()[0]}"}} 0.0' in lines
+    assert "scheduler_test_probe_seconds_count 0.0" in lines and "scheduler_test_probe_seconds_sum 0.0" in lines
+    # A labelled family has no series until a label set is used: no sample with empty labels is made up for it.
+    assert not any(line.startswith("scheduler_worker_claim_drops_total ") for line in lines)
+
+
 def test_clock_skew_of_live_processes_and_the_lanes_queues_are_reported(db):
     with connection.cursor() as cursor:
         cursor.execute(
