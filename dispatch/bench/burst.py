@@ -67,6 +67,9 @@ class BurstConfig:
     flexible_window_seconds: int = 300
     deadline_seconds: float = 120.0
     keep: bool = False
+    # Leave the idle schedules in place after the run and reuse them in the next one: 20 M of them take longer to
+    # load than the run they are stored for, and consecutive runs over one stored table are the honest comparison.
+    keep_idle: bool = False
     lags_out: str | None = None
     queue_type: str = "classic"  # classic or quorum (SCHEDULER_QUEUE_TYPE of the processes)
     # The materializers' horizon; None: the deployment's SCHEDULER_HORIZON_SECONDS, so the run shows what a
@@ -99,11 +102,20 @@ class BurstBenchmark(BurstMeasurements):
     # --- setup -------------------------------------------------------------------------------------------------
 
     def cleanup(self) -> None:
-        """Remove every bench tenant, its rows and the bench queues (also left-overs of an interrupted run)."""
+        """Remove every bench tenant, its rows and the bench queues (also left-overs of an interrupted run); with
+        `keep_idle`, the idle schedules and their tenants stay for the next run."""
         bench = list(Tenant.objects.filter(slug__startswith=BENCH_TENANT_PREFIX))
         ids = [t.id for t in bench]
         if ids:
             with connection.cursor() as cursor:
+                # The schedules this cleanup removes: all of the bench tenants', or all but the idle ones.
+                cursor.execute("DROP TABLE IF EXISTS bench_removed")
+                cursor.execute(
+                    "CREATE TEMP TABLE bench_removed AS SELECT id FROM schedules_schedule"
+                    " WHERE tenant_id = ANY(%s) AND NOT (%s AND name LIKE 'bench-idle-%%')",
+                    [ids, self.config.keep_idle],
+                )
+                cursor.execute("ANALYZE bench_removed")
                 cursor.execute("DELETE FROM dispatch_outboxmessage WHERE tenant_id = ANY(%s)", [ids])
                 cursor.execute(
                     "DELETE FROM dispatch_attempt WHERE occurrence_id IN"
@@ -111,14 +123,19 @@ class BurstBenchmark(BurstMeasurements):
                     [ids],
                 )
                 cursor.execute("DELETE FROM dispatch_occurrence WHERE tenant_id = ANY(%s)", [ids])
-                cursor.execute("DELETE FROM schedules_scheduleversion WHERE tenant_id = ANY(%s)", [ids])
+                cursor.execute(
+                    "DELETE FROM schedules_scheduleversion WHERE schedule_id IN (SELECT id FROM bench_removed)"
+                )
                 # Each deleted schedule fires a foreign-key check against the version table. Right after a mass
                 # delete that table is full of dead rows and its statistics are stale, and the check's plan can
                 # become a sequential scan per row: measured at 500,000 rows, over a quarter of an hour. A
                 # VACUUM ANALYZE first keeps every check an index probe.
                 cursor.execute("VACUUM ANALYZE schedules_scheduleversion")
-                cursor.execute("DELETE FROM schedules_schedulecursor WHERE tenant_id = ANY(%s)", [ids])
-                cursor.execute("DELETE FROM schedules_schedule WHERE tenant_id = ANY(%s)", [ids])
+                cursor.execute(
+                    "DELETE FROM schedules_schedulecursor WHERE schedule_id IN (SELECT id FROM bench_removed)"
+                )
+                cursor.execute("DELETE FROM schedules_schedule WHERE id IN (SELECT id FROM bench_removed)")
+                cursor.execute("DROP TABLE bench_removed")
                 # The next run must not pay for this one's dead rows: every cursor advance of a run leaves one in
                 # the schedule table and its due index, and a server without autovacuum (or one that has not run
                 # yet) would make the next run's due scans walk them all (measured: 3.1 M dead rows after a dozen
@@ -126,8 +143,9 @@ class BurstBenchmark(BurstMeasurements):
                 for table in ("schedules_schedule", "schedules_schedulecursor", "dispatch_outboxmessage"):
                     cursor.execute(f"VACUUM ANALYZE {table}")
                 cursor.execute("VACUUM ANALYZE dispatch_occurrence")
-            for tenant in bench:
-                tenant.delete(force_drop=True)
+            if not self.config.keep_idle:
+                for tenant in bench:
+                    tenant.delete(force_drop=True)
         with BrokerConnection(settings.CELERY_BROKER_URL) as broker:
             channel = broker.channel()
             for queue in (BENCH_STRICT_QUEUE, BENCH_FLEXIBLE_QUEUE):
@@ -252,6 +270,35 @@ class BurstBenchmark(BurstMeasurements):
             )
             bar.update(total - bar.n)
 
+    def stored_idle(self) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM schedules_schedule WHERE tenant_id = ANY(%s) AND name LIKE 'bench-idle-%%'",
+                [self.tenant_ids],
+            )
+            return cursor.fetchone()[0]
+
+    def load_idle(self, tenants: list[Tenant]) -> float | None:
+        """Store the idle schedules, or reuse an earlier run's (--keep-idle) when they are as many as asked for;
+        returns the seconds the load took (None when reused)."""
+        count = self.config.idle
+        stored = self.stored_idle() if self.config.keep_idle else 0
+        if stored == count:
+            if count:
+                self.say(f"reusing the {stored} idle schedules an earlier run kept")
+            return None
+        if stored:
+            self.say(f"{stored} idle schedules stored, {count} asked for: reloading them")
+            self.config.keep_idle = False
+            self.cleanup()
+            self.config.keep_idle = True
+            tenants[:] = self.provision()
+        started = time.monotonic()
+        idle_at = (db_now() + timedelta(days=180)).replace(second=0, microsecond=0)
+        self.copy_schedules(tenants, count, idle_at, due=False)
+        self.write_first_versions(due=False)
+        return round(time.monotonic() - started, 1)
+
     # --- processes ---------------------------------------------------------------------------------------------
 
     def write_first_versions(self, *, due: bool) -> None:
@@ -332,10 +379,7 @@ class BurstBenchmark(BurstMeasurements):
         self.cleanup()
         started = time.monotonic()
         tenants = self.provision()
-        if config.idle:
-            idle_at = (db_now() + timedelta(days=180)).replace(second=0, microsecond=0)
-            self.copy_schedules(tenants, config.idle, idle_at, due=False)
-            self.write_first_versions(due=False)
+        idle_load_s = self.load_idle(tenants)
         # T0 is chosen after the idle rows exist, so however long they took, the due ones have their lead.
         t0 = self.choose_t0()
         self.copy_schedules(tenants, config.schedules, t0, due=True)
@@ -381,6 +425,8 @@ class BurstBenchmark(BurstMeasurements):
             "peak_rss_mb": peaks,
             "envelope_size": settings.SCHEDULER_ENVELOPE_SIZE,
             "setup_s": round(setup_s, 1),
+            # None: the idle schedules of an earlier run (--keep-idle) were reused.
+            "idle_load_s": idle_load_s,
             **self.table_sizes(),
             "cpu_count": os.cpu_count(),
         }

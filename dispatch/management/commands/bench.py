@@ -44,6 +44,11 @@ class Command(BaseCommand):
         burst.add_argument("--idle", type=int, default=0, help="extra schedules that never fall due in the run")
         burst.add_argument("--deadline", type=float, default=120.0, help="seconds after T0 before giving up")
         burst.add_argument("--keep", action="store_true", help="keep the bench rows for inspection")
+        burst.add_argument(
+            "--keep-idle",
+            action="store_true",
+            help="keep the idle schedules for the next run, and reuse an earlier run's when as many are stored",
+        )
         burst.add_argument("--lags-out", type=Path, default=None, help="write each fire's lag (s), one per line")
         burst.add_argument(
             "--queue-type", choices=["classic", "quorum"], default="classic", help="RabbitMQ queue type of the lanes"
@@ -112,6 +117,7 @@ class Command(BaseCommand):
             idle=options["idle"],
             deadline_seconds=options["deadline"],
             keep=options["keep"],
+            keep_idle=options["keep_idle"],
             lags_out=str(options["lags_out"]) if options["lags_out"] else None,
             queue_type=options["queue_type"],
             horizon_seconds=horizon_option(options),
