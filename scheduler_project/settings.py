@@ -303,7 +303,7 @@ SCHEDULER_MATERIALIZE_THREADS = env_int("SCHEDULER_MATERIALIZE_THREADS", 2, mini
 # Envelopes the relay claims and keeps in flight per transaction (each holds up to SCHEDULER_ENVELOPE_SIZE). Large
 # enough to stage a whole top-of-hour burst before its instant (500,000 fires came in 2,510 envelopes: the
 # materializer writes one per tenant and batch); with 500 the burst left in five steps, each waiting for the one
-# before it (p99 2.2 s against 1.3 s, docs/BENCHMARKS.md). About 15 KB an envelope in memory.
+# before it (p99 2.2 s against 0.5-0.9 s, docs/BENCHMARKS.md). About 15 KB an envelope in memory.
 SCHEDULER_RELAY_BATCH = env_int("SCHEDULER_RELAY_BATCH", 4000, minimum=1)
 # The part of a relay batch flexible work keeps while strict work is due: the strict lane has the rest reserved,
 # and flexible work is never starved by a strict burst.
