@@ -194,8 +194,22 @@ def build(*, shards: int | None = None, lag: LagWindow | None = None) -> Dashboa
 def _sample_percent(cursor: Any, since: datetime) -> float:
     """100 below a sample's worth of occurrences since `since` (by the planner's estimate), a smaller share above."""
     cursor.execute(dashboard_sql.RECENT_ROWS_ESTIMATE, {"since": since})
-    estimate = float(cursor.fetchone()[0] or 0)
+    return _percent_for(float(cursor.fetchone()[0] or 0))
+
+
+def _percent_for(estimate: float) -> float:
+    """The share of `estimate` rows to read: all of them up to SAMPLE_ROWS, about SAMPLE_ROWS above."""
     return 100.0 if estimate <= SAMPLE_ROWS else max(0.01, 100.0 * SAMPLE_ROWS / estimate)
+
+
+def _lag_series(width: int) -> defaultdict[str, dict[str, list[float | None]]]:
+    """lane -> quantile -> one value (or None) per point of a chart `width` points wide."""
+    return defaultdict(lambda: {"p50": [None] * width, "p95": [None] * width, "p99": [None] * width})
+
+
+def _put_lag(lanes: dict[str, dict[str, list[float | None]]], lane: str, point: int, quantiles: tuple) -> None:
+    for name, value in zip(("p50", "p95", "p99"), quantiles, strict=True):
+        lanes[lane][name][point] = max(0.0, float(value))
 
 
 def _sample_clause(percent: float) -> str:
@@ -217,14 +231,10 @@ def _fill_lag(cursor: Any, dash: Dashboard, lag: LagWindow) -> None:
         {"since": since, "bucket": bucket},
     )
     index = {instant: n for n, instant in enumerate(dash.lag_buckets)}
-    width = len(dash.lag_buckets)
-    lanes: dict[str, dict[str, list[float | None]]] = defaultdict(
-        lambda: {"p50": [None] * width, "p95": [None] * width, "p99": [None] * width}
-    )
+    lanes = _lag_series(len(dash.lag_buckets))
     for instant, lane, p50, p95, p99 in cursor.fetchall():
         if instant in index and p50 is not None:
-            for name, value in (("p50", p50), ("p95", p95), ("p99", p99)):
-                lanes[lane][name][index[instant]] = max(0.0, float(value))
+            _put_lag(lanes, lane, index[instant], (p50, p95, p99))
     dash.lag = dict(lanes)
 
 
@@ -239,7 +249,7 @@ def _due_next_hour(cursor: Any, now: datetime, shards: int) -> list[tuple[dateti
     if estimate <= SAMPLE_ROWS:
         source, scale = dashboard_sql.DUE_CURSORS_BY_SHARD, 1.0
     else:
-        percent = max(0.01, 100.0 * SAMPLE_ROWS / estimate)
+        percent = _percent_for(estimate)
         source, scale = dashboard_sql.DUE_CURSORS_SAMPLED.format(percent=f"{percent:.4f}"), 100.0 / percent
     cursor.execute(dashboard_sql.DUE_CURSOR_GROUPS.format(source=source), params)
     return due_per_minute(now, until, materialized, cursor.fetchall(), scale=scale)
@@ -289,14 +299,11 @@ def due_per_minute(
 def _fill_recent(dash: Dashboard, rows: list[tuple], *, scale: float) -> None:
     index = {minute: n for n, minute in enumerate(dash.minutes)}
     width = len(dash.minutes)
-    lag: dict[str, dict[str, list[float | None]]] = defaultdict(
-        lambda: {"p50": [None] * width, "p95": [None] * width, "p99": [None] * width}
-    )
+    lag = _lag_series(width)
     states: dict[str, list[int]] = defaultdict(lambda: [0] * width)
     for grouping, minute, lane, state, tenant_id, count, sent, p50, p95, p99 in rows:
         if grouping == 3 and minute in index and p50 is not None:
-            for name, value in (("p50", p50), ("p95", p95), ("p99", p99)):
-                lag[lane][name][index[minute]] = max(0.0, float(value))
+            _put_lag(lag, lane, index[minute], (p50, p95, p99))
         elif grouping == 5 and minute in index:
             states[state][index[minute]] = round(count * scale)
         elif grouping == 14:

@@ -76,7 +76,11 @@ class Plan:
     schedule: DueSchedule
     occurrences: list[PlannedOccurrence] = field(default_factory=list)
     new_cursor: datetime | None = None
-    completed: bool = False
+
+    @property
+    def completed(self) -> bool:
+        """No fire left after this plan's: a one-off whose fire it holds."""
+        return self.new_cursor is None
 
     @property
     def to_enqueue(self) -> list[PlannedOccurrence]:
@@ -115,7 +119,7 @@ class Walk:
 
     It depends on the rule, the cursor and the policy only, not on the schedule's id: at the top of the hour most
     due schedules share a handful of rhythms and cursors, and the materializer walks each of those once per batch
-    (WALK_KEY), then only names each schedule's fires (Walk.plan_for).
+    (walk_key), then only names each schedule's fires (Walk.plan_for).
     """
 
     fires: tuple[WalkedFire, ...]
@@ -124,7 +128,7 @@ class Walk:
 
     def plan_for(self, schedule: DueSchedule) -> Plan:
         """`schedule`'s plan: its occurrence id for each fire, and the release instant on its lane."""
-        plan = Plan(schedule=schedule, new_cursor=self.new_cursor, completed=self.new_cursor is None)
+        plan = Plan(schedule=schedule, new_cursor=self.new_cursor)
         flexible = schedule.lane == "flexible"
         for fire in self.fires:
             occurrence_id = occurrence_id_for(schedule.id, schedule.version, fire.at)

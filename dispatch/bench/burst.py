@@ -101,9 +101,10 @@ class BurstBenchmark(BurstMeasurements):
 
     # --- setup -------------------------------------------------------------------------------------------------
 
-    def cleanup(self) -> None:
+    def cleanup(self, *, keep_idle: bool | None = None) -> None:
         """Remove every bench tenant, its rows and the bench queues (also left-overs of an interrupted run); with
-        `keep_idle`, the idle schedules and their tenants stay for the next run."""
+        `keep_idle` (by default the run's --keep-idle), the idle schedules and their tenants stay for the next run."""
+        keep_idle = self.config.keep_idle if keep_idle is None else keep_idle
         bench = list(Tenant.objects.filter(slug__startswith=BENCH_TENANT_PREFIX))
         ids = [t.id for t in bench]
         if ids:
@@ -113,7 +114,7 @@ class BurstBenchmark(BurstMeasurements):
                 cursor.execute(
                     "CREATE TEMP TABLE bench_removed AS SELECT id FROM schedules_schedule"
                     " WHERE tenant_id = ANY(%s) AND NOT (%s AND name LIKE 'bench-idle-%%')",
-                    [ids, self.config.keep_idle],
+                    [ids, keep_idle],
                 )
                 cursor.execute("ANALYZE bench_removed")
                 cursor.execute("DELETE FROM dispatch_outboxmessage WHERE tenant_id = ANY(%s)", [ids])
@@ -143,7 +144,7 @@ class BurstBenchmark(BurstMeasurements):
                 for table in ("schedules_schedule", "schedules_schedulecursor", "dispatch_outboxmessage"):
                     cursor.execute(f"VACUUM ANALYZE {table}")
                 cursor.execute("VACUUM ANALYZE dispatch_occurrence")
-            if not self.config.keep_idle:
+            if not keep_idle:
                 for tenant in bench:
                     tenant.delete(force_drop=True)
         with BrokerConnection(settings.CELERY_BROKER_URL) as broker:
@@ -291,9 +292,7 @@ class BurstBenchmark(BurstMeasurements):
             return None
         if stored:
             self.say(f"{stored} idle schedules stored, {count} asked for: reloading them")
-            self.config.keep_idle = False
-            self.cleanup()
-            self.config.keep_idle = True
+            self.cleanup(keep_idle=False)
             tenants[:] = self.provision()
         started = time.monotonic()
         idle_at = (db_now() + timedelta(days=180)).replace(second=0, microsecond=0)

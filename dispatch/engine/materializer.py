@@ -340,8 +340,8 @@ class Materializer:
                 priority=plan.schedule.priority,
             )
             for plan in plans
-            for o in plan.occurrences
-            if o.state == OccurrenceState.SCHEDULED and (new_ids is None or o.occurrence_id in new_ids)
+            for o in plan.to_enqueue
+            if new_ids is None or o.occurrence_id in new_ids
         ]
         return enqueue(cursor, fires)
 
