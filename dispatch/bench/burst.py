@@ -405,10 +405,11 @@ class BurstBenchmark(BurstMeasurements):
             f"T0 = {t0.isoformat()} (in {(t0 - db_now()).total_seconds():.0f} s, horizon {self.horizon:.0f} s); "
             f"setup took {setup_s:.1f} s"
         )
+        inserted_before = self.occurrences_inserted()
         self.start_processes(self.horizon)
         peaks: dict[str, float | None] = {}
         try:
-            materialized_at = self._wait_materialized(t0)
+            materialized_at = self._wait_materialized(t0, inserted_before)
             confirmed = self._wait_confirmed(t0)
             if config.lane == "flexible":
                 time.sleep(1)
@@ -459,14 +460,15 @@ class BurstBenchmark(BurstMeasurements):
         """What a subclass measures once every fire is confirmed, before the processes stop (drain: execution)."""
         return {}
 
-    def _wait_materialized(self, t0: datetime) -> float | None:
+    def _wait_materialized(self, t0: datetime, inserted_before: int) -> float | None:
         """Wait until every fire has its occurrence; returns how many seconds before T0 that was."""
         total = self.config.schedules
         with tqdm(total=total, desc="materialize", unit="occ", file=self.out, mininterval=2) as bar:
             while True:
-                materialized = max(bar.n, total - self.cursors_left(t0))
-                bar.update(materialized - bar.n)
-                if materialized >= total:
+                done = self.shards_left(t0) == 0
+                written = total if done else min(total - 1, self.occurrences_inserted() - inserted_before)
+                bar.update(max(0, written - bar.n))
+                if done:
                     self.fires_by_envelope = self.envelope_fires()
                     self.materialize_rate = self._materialize_rate()
                     return round((t0 - db_now()).total_seconds(), 1)

@@ -22,16 +22,36 @@ class BurstMeasurements:
     tenant_ids: list[int]
     queues: tuple[str, ...]
 
-    def cursors_left(self, t0: datetime) -> int:
-        """Bench schedules not materialized yet: their cursors are still at T0 (a cursor moves in the same
-        transaction as its occurrences and envelopes). One index range per shard; the idle schedules' cursors lie
-        far ahead and are not read."""
+    def shards_left(self, t0: datetime) -> int:
+        """Shards that still hold a bench cursor at T0 or before (a cursor moves in the same transaction as its
+        occurrences and envelopes): 0 means every fire has its occurrence. One probe per shard that stops at the
+        first such cursor. Counting them all instead read every moved cursor's dead row once a second, 9 % of the
+        box's CPU taken from the materializer being measured (perf, 500,000 fires)."""
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT count(*) FROM schedules_schedulecursor WHERE shard = ANY(%(shards)s) AND next_run_at <= %(t0)s",
+                """
+                SELECT count(*) FROM unnest(%(shards)s::int[]) AS s(shard)
+                WHERE EXISTS (SELECT 1 FROM schedules_schedulecursor AS c
+                              WHERE c.shard = s.shard AND c.next_run_at <= %(t0)s)
+                """,
                 {"shards": list(range(settings.SCHEDULER_SHARDS)), "t0": t0},
             )
             return cursor.fetchone()[0]
+
+    @staticmethod
+    def occurrences_inserted() -> int:
+        """Rows inserted into the occurrence table since the statistics were reset, from PostgreSQL's cumulative
+        statistics (each backend reports within about a second): the progress bar's reading, nearly free. The bench
+        database is quiet (check_quiet), so the difference across a run is the run's."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT coalesce(sum(st.n_tup_ins), 0) FROM pg_inherits AS i
+                JOIN pg_stat_user_tables AS st ON st.relid = i.inhrelid
+                WHERE i.inhparent = 'dispatch_occurrence'::regclass
+                """
+            )
+            return int(cursor.fetchone()[0])
 
     def envelope_fires(self) -> dict[int, int]:
         """Occurrences per envelope of the bench tenants. Read once, when everything is materialized: counting
