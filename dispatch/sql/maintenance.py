@@ -37,8 +37,8 @@ WHERE o.state = 'dead' AND s.state = 'canceled'
 
 # --- backfill ------------------------------------------------------------------------------------------------------
 
-# ON CONFLICT DO NOTHING (no target) covers both the primary key (occurrence_id, scheduled_for) and the unique
-# fire (schedule, version, scheduled_for): a row the materializer, a replay or an earlier backfill wrote is left
+# ON CONFLICT DO NOTHING on the primary key (occurrence_id, scheduled_for), which is the unique fire (its id is
+# derived from schedule, version and instant): a row the materializer, a replay or an earlier backfill wrote is left
 # exactly as it is. `forced`: the operator asked for this very fire, so the worker runs it even though the
 # schedule has a newer version now. RETURNING names the new rows: only they get envelopes.
 INSERT_BACKFILL = """

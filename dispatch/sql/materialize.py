@@ -62,8 +62,9 @@ COPY_OCCURRENCE_TYPES = [
     "timestamptz",
 ]
 
-# The batch again when its COPY met an existing row. ON CONFLICT DO NOTHING on the unique fire (schedule, version,
-# scheduled_for): a backfill ahead of the cursor or a replayed batch meets the existing row. RETURNING tells which
+# The batch again when its COPY met an existing row. ON CONFLICT DO NOTHING on the primary key (occurrence_id,
+# scheduled_for), which is the unique fire: the id is derived from (schedule, version, scheduled_for), so a backfill
+# ahead of the cursor or a replayed batch meets the existing row. RETURNING tells which
 # rows are new, so only those get outbox entries. state_reason says why a fire was missed ('' on the ordinary path).
 INSERT_OCCURRENCES = """
 INSERT INTO dispatch_occurrence (

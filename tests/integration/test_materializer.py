@@ -61,7 +61,8 @@ def test_running_the_same_instant_twice_creates_nothing_new(tenant_a, make_sched
     schedule = make_schedule(tenant_a.tenant, now=T0 - timedelta(seconds=30))
     m = materializer()
     m.step(now=T0)
-    # Put the cursor back, as a second node with a stale view would have it: the unique key absorbs the replay.
+    # Put the cursor back, as a second node with a stale view would have it: the primary key absorbs the replay (the
+    # id is derived from the fire).
     move_cursor(schedule.pk, T0)
     m.step(now=T0)
     assert Occurrence.objects.filter(schedule=schedule).count() == 3

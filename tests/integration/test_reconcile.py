@@ -132,6 +132,36 @@ def test_deleting_one_occurrence_is_reported_as_exactly_that_gap(tenant_a, clean
     assert (gap.schedule_id, gap.version, gap.scheduled_for, gap.occurrence_id) == (hourly.id, 1, lost_at, lost_id)
 
 
+def test_a_second_row_of_a_fire_under_another_id_is_reported_unexpected(tenant_a, clean_history):
+    """The primary key holds the unique fire because every writer derives the id from the fire (dispatch migration
+    0011). A row of the same fire under any other id is the one thing the key cannot refuse, and reconciliation
+    reports it."""
+    hourly = clean_history[0]
+    at = T0 + timedelta(hours=3)
+    original = Occurrence.objects.get(occurrence_id=occurrence_id_for(hourly.id, 1, at), scheduled_for=at)
+    stray = uuid.uuid4()
+    Occurrence.objects.bulk_create(
+        [
+            Occurrence(
+                occurrence_id=stray,
+                schedule_id=hourly.id,
+                tenant_id=original.tenant_id,
+                schedule_version=1,
+                scheduled_for=at,
+                available_at=at,
+                lane=original.lane,
+            )
+        ]
+    )
+
+    report = reconcile(since=T0, until=T0 + timedelta(hours=6), tenant_id=tenant_a.tenant.id, now=LATER)
+
+    assert report.missing == 0
+    assert report.unexpected == 1
+    [row] = report.unexpected_samples
+    assert (row.occurrence_id, row.version, row.scheduled_for) == (stray, 1, at)
+
+
 def test_reconcile_command_lists_the_gap_and_exits_one(clean_history):
     hourly = clean_history[0]
     lost_at = T0 + timedelta(hours=3)

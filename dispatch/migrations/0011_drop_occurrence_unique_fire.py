@@ -1,0 +1,25 @@
+"""The unique fire (schedule, version, scheduled_for) is held by the primary key alone.
+
+Every non-manual occurrence's id is uuid5 of exactly (schedule, version, scheduled_for) (dispatch/identity.py), and
+scheduled_for is the key's second column, so a second row of the same fire collides on (occurrence_id,
+scheduled_for) as surely as on the old index: every writer already relies on that key (ON CONFLICT DO NOTHING with
+no target, COPY's unique violation). The index cost each fire a third b-tree entry, at a random place (schedule ids
+are random): perf on the materializer's PostgreSQL backends during a 500,000-fire burst (docs/DESIGN.md, "Occurrence
+ids and uniqueness"). Reconciliation reports any row whose id is not its fire's derived one (dispatch/reconcile.py).
+
+Dropped from the partitioned parent, which drops it from every day partition in one short lock.
+"""
+
+from django.db import migrations
+
+DROP = "DROP INDEX IF EXISTS occurrence_unique_fire"
+CREATE = """
+CREATE UNIQUE INDEX IF NOT EXISTS occurrence_unique_fire ON dispatch_occurrence (schedule_id, schedule_version, scheduled_for)
+    WHERE NOT manual
+"""
+
+
+class Migration(migrations.Migration):
+    dependencies = [("dispatch", "0010_running_last_taken")]
+
+    operations = [migrations.RunSQL(DROP, CREATE)]
