@@ -33,9 +33,13 @@ PAIRS_BODY_VERSION = 1
 
 def encode_body(tenant_id: int, queue: str, occurrences: Iterable[tuple[uuid.UUID, datetime]]) -> bytes:
     """The Celery protocol-2 body: [args, kwargs, embed]; the single argument is the envelope's content."""
-    fires: dict[str, list[str]] = {}
+    by_instant: dict[datetime, list[uuid.UUID]] = {}
     for occurrence_id, scheduled_for in occurrences:
-        fires.setdefault(utc_key(scheduled_for), []).append(str(occurrence_id))
+        by_instant.setdefault(scheduled_for, []).append(occurrence_id)
+    # Keyed by the instant's text once per instant (a strict envelope has one), not once per fire.
+    fires: dict[str, list[str]] = {}
+    for scheduled_for, ids in by_instant.items():
+        fires.setdefault(utc_key(scheduled_for), []).extend(map(str, ids))
     content = {"v": BODY_VERSION, "tenant_id": tenant_id, "queue": queue, "fires": fires}
     embed = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
     return json.dumps([[content], {}, embed], separators=(",", ":")).encode()

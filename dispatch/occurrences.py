@@ -6,7 +6,6 @@ console and the `replay` command for the DLQ. Every transition is a conditional 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import uuid
 from collections import Counter
@@ -121,7 +120,7 @@ def materialize_owed_fires(schedule, *, now: datetime) -> int:
         planned.extend(plan.occurrences)
         if plan.new_cursor is None or plan.new_cursor == due.next_run_at:
             break
-        due = dataclasses.replace(due, next_run_at=plan.new_cursor)
+        due = due._replace(next_run_at=plan.new_cursor)
     if due.next_run_at is not None and due.next_run_at <= now and len(planned) >= MAX_OWED_FIRES:
         # Further behind than one call may write: the rest has no row, and reconcile will report it as gaps.
         logger.error(

@@ -1,4 +1,5 @@
-"""The one way to put work on the outbox: `Fire.for_lane(...)` for each occurrence, then `enqueue(cursor, fires)`.
+"""The one way to put work on the outbox: a `Fire` for each occurrence on its lane's queue (`Fire.for_lane`, or
+`queue_for_lane` once per schedule where fires are made by the thousand), then `enqueue(cursor, fires)`.
 
 Fires are grouped by (tenant, queue, release instant, priority) and cut into envelopes of SCHEDULER_ENVELOPE_SIZE,
 each stored with its message body (dispatch/envelopes.py) in the caller's transaction: an occurrence that becomes

@@ -4,11 +4,14 @@ what instant, and where its cursor moves. No database here; `now` is always pass
 from __future__ import annotations
 
 import functools
+import operator
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
-from dispatch.identity import occurrence_id_for
+from dispatch.identity import name_prefix, name_suffix, occurrence_id_of
 from dispatch.models import OccurrenceState
 from schedules.timerules import TimeRule
 
@@ -26,11 +29,9 @@ def flexible_offset(occurrence_id: uuid.UUID, window_seconds: int) -> timedelta:
 MAX_FIRES_PER_SCHEDULE = 500
 
 
-# Value objects, but not frozen: the materializer makes one of each per due schedule and fire, and a frozen
-# dataclass's __init__ (object.__setattr__ per field) cost twice as much. Slots keep them small.
-@dataclass(slots=True)
-class DueSchedule:
-    """The columns of a due schedule row that planning needs."""
+class DueSchedule(NamedTuple):
+    """The columns of a due schedule row that planning needs. A named tuple: the materializer makes one per due
+    schedule straight from the scan's row, in C (a slotted dataclass's __init__ was a tenth of its planning time)."""
 
     id: uuid.UUID
     tenant_id: int
@@ -59,6 +60,8 @@ def _time_rule(kind: str, timezone: str, cron: str | None, run_at: datetime | No
     return TimeRule(kind=kind, timezone=timezone, cron=cron, run_at=run_at)
 
 
+# Value objects, but not frozen: the materializer makes one of each per fire, and a frozen dataclass's __init__
+# (object.__setattr__ per field) cost twice as much. Slots keep them small.
 @dataclass(slots=True)
 class PlannedOccurrence:
     occurrence_id: uuid.UUID
@@ -76,6 +79,8 @@ class Plan:
     schedule: DueSchedule
     occurrences: list[PlannedOccurrence] = field(default_factory=list)
     new_cursor: datetime | None = None
+    # Some of its fires are kept late fires, to be paced on the tenant's catch-up budget before they are written.
+    catch_up: bool = False
 
     @property
     def completed(self) -> bool:
@@ -84,7 +89,13 @@ class Plan:
 
     @property
     def to_enqueue(self) -> list[PlannedOccurrence]:
-        return [o for o in self.occurrences if o.state == OccurrenceState.SCHEDULED]
+        return [o for o in self.occurrences if o.state == SCHEDULED]
+
+
+# The states planned fires carry, as plain text: the materializer compares and writes one per fire, and the enum's
+# attribute lookups (Python-level descriptors in 3.11) showed up in its profile. Equal to the enum members.
+SCHEDULED = OccurrenceState.SCHEDULED.value
+MISSED = OccurrenceState.MISSED.value
 
 
 def kept_late_fires(schedule: DueSchedule) -> int:
@@ -125,16 +136,26 @@ class Walk:
     fires: tuple[WalkedFire, ...]
     new_cursor: datetime | None
     now: datetime
+    # fire_cap of the schedules that share this walk (it depends only on fields of the walk key).
+    cap: int = MAX_FIRES_PER_SCHEDULE
+    catch_up: bool = False  # one of its fires is a kept late fire (Plan.catch_up)
+    # Per schedule version, the second half of each fire's id name ("/{version}/{instant}"): made once per walk.
+    _suffixes: dict[int, tuple[bytes, ...]] = field(default_factory=dict, compare=False, repr=False)
 
-    def plan_for(self, schedule: DueSchedule) -> Plan:
-        """`schedule`'s plan: its occurrence id for each fire, and the release instant on its lane."""
-        plan = Plan(schedule=schedule, new_cursor=self.new_cursor)
+    def plan_for(self, schedule: DueSchedule, schedule_text: str | None = None) -> Plan:
+        """`schedule`'s plan: its occurrence id for each fire, and the release instant on its lane. `schedule_text`
+        is its id's canonical text when the caller has it already (PostgreSQL sends it with the due row)."""
+        plan = Plan(schedule=schedule, new_cursor=self.new_cursor, catch_up=self.catch_up)
+        suffixes = self._suffixes.get(schedule.version)
+        if suffixes is None:
+            suffixes = self._suffixes[schedule.version] = tuple(name_suffix(schedule.version, f.at) for f in self.fires)
+        prefix = name_prefix(schedule_text or str(schedule.id))
         flexible = schedule.lane == "flexible"
-        for fire in self.fires:
-            occurrence_id = occurrence_id_for(schedule.id, schedule.version, fire.at)
+        for fire, suffix in zip(self.fires, suffixes, strict=True):
+            occurrence_id = occurrence_id_of(prefix, suffix)
             if fire.catch_up:
                 available_at = self.now
-            elif flexible and fire.state == OccurrenceState.SCHEDULED:
+            elif flexible and fire.state == SCHEDULED:
                 available_at = fire.at + flexible_offset(occurrence_id, schedule.flexible_window_seconds)
             else:
                 available_at = fire.at
@@ -144,18 +165,19 @@ class Walk:
         return plan
 
 
-def walk_key(schedule: DueSchedule) -> tuple:
-    """What a Walk depends on: due schedules with the same key (at one `now` and horizon) walk the same fires."""
-    return (
-        schedule.kind,
-        schedule.cron,
-        schedule.run_at,
-        schedule.timezone,
-        schedule.next_run_at,
-        schedule.misfire_policy,
-        schedule.max_lateness_seconds,
-        schedule.catchup_limit,
-    )
+# What a Walk depends on: due schedules with the same key (at one `now` and horizon) walk the same fires. An
+# itemgetter, because the materializer takes the key of every due schedule.
+WALK_KEY_FIELDS = (
+    "kind",
+    "cron",
+    "run_at",
+    "timezone",
+    "next_run_at",
+    "misfire_policy",
+    "max_lateness_seconds",
+    "catchup_limit",
+)
+walk_key: Callable[[DueSchedule], tuple] = operator.itemgetter(*(DueSchedule._fields.index(f) for f in WALK_KEY_FIELDS))
 
 
 def plan_schedule(schedule: DueSchedule, *, now: datetime, horizon: timedelta) -> Plan:
@@ -202,18 +224,18 @@ def walk_fires(schedule: DueSchedule, *, now: datetime, horizon: timedelta) -> W
 
     if not fires or fires[0] >= lateness_limit:
         # Nothing late: the ordinary case, every fire delivered at its time.
-        return Walk(tuple(WalkedFire(fire, OccurrenceState.SCHEDULED) for fire in fires), cursor, now)
+        return Walk(tuple(WalkedFire(fire, SCHEDULED) for fire in fires), cursor, now, cap)
     late = [fire for fire in fires if fire < lateness_limit]
     emitted_late = set(late[-keep:] if keep and not truncated_in_past else [])
     walked = []
     for fire in fires:
         if fire in emitted_late:
-            walked.append(WalkedFire(fire, OccurrenceState.SCHEDULED, catch_up=True))
+            walked.append(WalkedFire(fire, SCHEDULED, catch_up=True))
         elif fire < lateness_limit:
-            walked.append(WalkedFire(fire, OccurrenceState.MISSED, _miss_reason(schedule, fire, now)))
+            walked.append(WalkedFire(fire, MISSED, _miss_reason(schedule, fire, now)))
         else:
-            walked.append(WalkedFire(fire, OccurrenceState.SCHEDULED))
-    return Walk(tuple(walked), cursor, now)
+            walked.append(WalkedFire(fire, SCHEDULED))
+    return Walk(tuple(walked), cursor, now, cap, catch_up=any(fire.catch_up for fire in walked))
 
 
 def _count_late_fires(schedule: DueSchedule, fire: datetime | None, lateness_limit: datetime, *, at_most: int) -> int:

@@ -27,10 +27,10 @@ from dispatch.engine.faults import crash_point
 from dispatch.engine.leases import reap_expired_leases
 from dispatch.engine.loop import Outage, StopFlag, default_process_name, freeze_startup_heap, monotonic, run_loop
 from dispatch.errors import ShardCountMismatch
-from dispatch.models import OccurrenceState
 from dispatch.outbox import Fire, enqueue
 from dispatch.partitions import ensure_partitions
-from dispatch.planning import DueSchedule, Plan, Walk, fire_cap, walk_fires, walk_key
+from dispatch.planning import MISSED, SCHEDULED, DueSchedule, Plan, Walk, walk_fires, walk_key
+from dispatch.queues import queue_for_lane
 from dispatch.quotas import pace_planned
 from dispatch.sql import PreparedCursor
 from dispatch.sql import leases as lease_sql
@@ -47,8 +47,11 @@ ROLE = "materializer"
 # constant, not a setting: it bounds memory and transaction length, not a policy anyone tunes.
 MAX_FIRES_PER_BATCH = 20_000
 
-# The scan's row (SCAN_DUE_SCHEDULES): DueSchedule's fields, then the cursor's shard and its row address.
-SHARD_COLUMN = -2
+# The scan's row (SCAN_DUE_SCHEDULES): DueSchedule's fields, then the cursor's shard, its row address and the schedule
+# id's text.
+SHARD_COLUMN = -3
+ROW_ADDRESS_COLUMN = -2
+ID_TEXT_COLUMN = -1
 
 
 class Materializer:
@@ -196,11 +199,11 @@ class Materializer:
                 return 0
             plans = self._plan(rows, now)
             # Kept late fires (after an outage) are released on their tenant's one catch-up budget.
-            pace_planned(cursor, [(p.schedule, p.occurrences) for p in plans], now=now)
+            pace_planned(cursor, [(p.schedule, p.occurrences) for p in plans if p.catch_up], now=now)
             crash_point("materializer.before_insert")
             new_ids = self._insert_occurrences(cursor, plans, now)
             envelopes = self._insert_envelopes(cursor, plans, new_ids)
-            self._advance_cursors(cursor, plans, [row[-1] for row in rows[: len(plans)]])
+            self._advance_cursors(cursor, plans, [row[ROW_ADDRESS_COLUMN] for row in rows[: len(plans)]])
         crash_point("materializer.after_commit")
         planned = sum(len(p.occurrences) for p in plans)
         written = planned if new_ids is None else len(new_ids)
@@ -208,7 +211,7 @@ class Materializer:
             1
             for p in plans
             for o in p.occurrences
-            if o.state == OccurrenceState.MISSED and (new_ids is None or o.occurrence_id in new_ids)
+            if o.state == MISSED and (new_ids is None or o.occurrence_id in new_ids)
         )
         counters.MATERIALIZED.inc(written)
         counters.MATERIALIZER_CONFLICTS.inc(planned - written)
@@ -263,14 +266,14 @@ class Materializer:
         # A burst's schedules share a few rhythms and cursors: each distinct walk is made once per batch.
         walks: dict[tuple, Walk] = {}
         for row in rows:
-            schedule = DueSchedule(*row[:SHARD_COLUMN])
-            if plans and planned + fire_cap(schedule) > MAX_FIRES_PER_BATCH:
-                break
+            schedule = DueSchedule._make(row[:SHARD_COLUMN])
             key = walk_key(schedule)
             walk = walks.get(key)
             if walk is None:
                 walk = walks[key] = walk_fires(schedule, now=now, horizon=self.horizon)
-            plan = walk.plan_for(schedule)
+            if plans and planned + walk.cap > MAX_FIRES_PER_BATCH:
+                break
+            plan = walk.plan_for(schedule, row[ID_TEXT_COLUMN])
             plans.append(plan)
             planned += len(plan.occurrences)
         return plans
@@ -295,7 +298,7 @@ class Materializer:
                 plan.schedule.priority,
                 occurrence.state,
                 occurrence.reason,
-                now if occurrence.state == OccurrenceState.MISSED else None,
+                now if occurrence.state == MISSED else None,
             )
             for plan in plans
             for occurrence in plan.occurrences
@@ -330,19 +333,23 @@ class Materializer:
     @staticmethod
     def _insert_envelopes(cursor: PreparedCursor, plans: list[Plan], new_ids: set[uuid.UUID] | None) -> int:
         """Envelopes for the new fires to deliver (`new_ids` None: every planned fire is new)."""
-        fires = [
-            Fire.for_lane(
-                o.occurrence_id,
-                o.scheduled_for,
-                tenant_id=plan.schedule.tenant_id,
-                lane=plan.schedule.lane,
-                available_at=o.available_at,
-                priority=plan.schedule.priority,
-            )
-            for plan in plans
-            for o in plan.to_enqueue
-            if new_ids is None or o.occurrence_id in new_ids
-        ]
+        fires = []
+        for plan in plans:
+            schedule = plan.schedule
+            # Fire.for_lane, with the lane's queue looked up once per schedule instead of once per fire.
+            queue = queue_for_lane(schedule.lane)
+            for o in plan.occurrences:
+                if o.state == SCHEDULED and (new_ids is None or o.occurrence_id in new_ids):
+                    fires.append(
+                        Fire(
+                            o.occurrence_id,
+                            o.scheduled_for,
+                            schedule.tenant_id,
+                            queue,
+                            o.available_at,
+                            schedule.priority,
+                        )
+                    )
         return enqueue(cursor, fires)
 
     @staticmethod

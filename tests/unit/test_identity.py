@@ -32,5 +32,9 @@ def test_the_same_instant_in_another_zone_is_the_same_fire():
 )
 def test_the_id_is_uuid5_of_schedule_version_and_utc_instant(schedule_id, version, fire):
     expected = uuid.uuid5(OCCURRENCE_NAMESPACE, f"{schedule_id}/{version}/{utc_key(fire)}")
-    assert occurrence_id_for(schedule_id, version, fire) == expected
+    made = occurrence_id_for(schedule_id, version, fire)
+    assert made == expected
     assert expected.version == 5
+    # Built without uuid.UUID.__init__: every face of it must still be uuid5's.
+    assert (made.version, made.variant, made.is_safe) == (5, uuid.RFC_4122, expected.is_safe)
+    assert (str(made), made.bytes, hash(made)) == (str(expected), expected.bytes, hash(expected))

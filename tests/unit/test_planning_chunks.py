@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from datetime import datetime, timedelta
 
@@ -34,7 +33,7 @@ def walk_every_chunk(schedule: DueSchedule, nows: list[datetime] | None = None) 
         if plan.new_cursor is None or plan.new_cursor > now + HORIZON:
             return occurrences
         assert plan.new_cursor > schedule.next_run_at, "every batch moves the cursor forward"
-        schedule = dataclasses.replace(schedule, next_run_at=plan.new_cursor)
+        schedule = schedule._replace(next_run_at=plan.new_cursor)
         batch += 1
 
 
