@@ -297,9 +297,9 @@ SCHEDULER_MATERIALIZE_BATCH = env_int("SCHEDULER_MATERIALIZE_BATCH", 2000, minim
 SCHEDULER_LEASE_SECONDS = env_float("SCHEDULER_LEASE_SECONDS", 15.0, minimum=1.0)
 SCHEDULER_MATERIALIZE_IDLE_SECONDS = env_float("SCHEDULER_MATERIALIZE_IDLE_SECONDS", 1.0, minimum=0.01)
 # Batches a materializer process writes at the same time, each in its own transaction on its own connection: while
-# one waits for PostgreSQL, another plans in Python (SKIP LOCKED keeps them on different cursors). Two measured
-# best on two cores (docs/BENCHMARKS.md, "Materialization").
-SCHEDULER_MATERIALIZE_THREADS = env_int("SCHEDULER_MATERIALIZE_THREADS", 2, minimum=1, maximum=16)
+# one waits for PostgreSQL, another plans in Python (SKIP LOCKED keeps them on different cursors). On two cores, two
+# left a tenth of the CPU idle once the Python side was lean; three measured best (docs/BENCHMARKS.md, round 3).
+SCHEDULER_MATERIALIZE_THREADS = env_int("SCHEDULER_MATERIALIZE_THREADS", 3, minimum=1, maximum=16)
 # Envelopes the relay claims and keeps in flight per transaction (each holds up to SCHEDULER_ENVELOPE_SIZE). Large
 # enough to stage a whole top-of-hour burst before its instant (500,000 fires came in 2,510 envelopes: the
 # materializer writes one per tenant and batch); with 500 the burst left in five steps, each waiting for the one
