@@ -12,20 +12,29 @@ from django.db import migrations
 COLUMNS = ("body", "occurrence_ids", "scheduled_fors")
 
 
-def set_compression(method: str):
-    def apply(apps, schema_editor):
-        with schema_editor.connection.cursor() as cursor:
-            cursor.execute("SELECT %s = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'", [method])
-            row = cursor.fetchone()
-            if not row or not row[0]:
-                return
-            for column in COLUMNS:
-                cursor.execute(f"ALTER TABLE dispatch_outboxmessage ALTER COLUMN {column} SET COMPRESSION {method}")
+def use_lz4(apps, schema_editor):
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute("SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'")
+        row = cursor.fetchone()
+        if not row or not row[0]:
+            return
+        set_compression(cursor, "lz4")
 
-    return apply
+
+def use_server_default(apps, schema_editor):
+    """Back to what the columns had before: no method of their own, the server's default_toast_compression."""
+    with schema_editor.connection.cursor() as cursor:
+        set_compression(cursor, "DEFAULT")
+
+
+def set_compression(cursor, method: str) -> None:
+    # One statement, one short lock of the outbox; given up after 5 s rather than queueing the relay behind it.
+    cursor.execute("SET LOCAL lock_timeout = '5s'")
+    changes = ", ".join(f"ALTER COLUMN {column} SET COMPRESSION {method}" for column in COLUMNS)
+    cursor.execute(f"ALTER TABLE dispatch_outboxmessage {changes}")
 
 
 class Migration(migrations.Migration):
     dependencies = [("dispatch", "0011_drop_occurrence_unique_fire")]
 
-    operations = [migrations.RunPython(set_compression("lz4"), set_compression("pglz"))]
+    operations = [migrations.RunPython(use_lz4, use_server_default)]
