@@ -29,7 +29,7 @@ from dispatch.engine.loop import Outage, StopFlag, default_process_name, freeze_
 from dispatch.errors import ShardCountMismatch
 from dispatch.outbox import Fire, enqueue
 from dispatch.partitions import ensure_partitions
-from dispatch.planning import MISSED, SCHEDULED, DueSchedule, Plan, Walk, walk_fires, walk_key
+from dispatch.planning import MISSED, DueSchedule, Plan, Walk, walk_fires, walk_key
 from dispatch.queues import queue_for_lane
 from dispatch.quotas import pace_planned
 from dispatch.sql import PreparedCursor
@@ -338,8 +338,8 @@ class Materializer:
             schedule = plan.schedule
             # Fire.for_lane, with the lane's queue looked up once per schedule instead of once per fire.
             queue = queue_for_lane(schedule.lane)
-            for o in plan.occurrences:
-                if o.state == SCHEDULED and (new_ids is None or o.occurrence_id in new_ids):
+            for o in plan.to_enqueue:
+                if new_ids is None or o.occurrence_id in new_ids:
                     fires.append(
                         Fire(
                             o.occurrence_id,
