@@ -10,7 +10,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt | $(BIN)/python
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-bench.txt | $(BIN)/python
 	$(BIN)/pip install --quiet -r requirements-dev.txt
 	touch $@
 

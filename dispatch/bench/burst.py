@@ -262,14 +262,15 @@ class BurstBenchmark(BurstMeasurements):
                     )
                     if n % 10000 == 0:
                         bar.update(min(10000, total - bar.n))
-            # Their cursors, as Schedule.save() would have written them, in one statement.
+            # Their cursors, as Schedule.save() would have written them, in one statement: the schedules of exactly
+            # the tenants just written (a subclass calls this once per tenant; another tenant's cursors exist).
             wrapper.execute(
                 f"""
                 INSERT INTO schedules_schedulecursor (schedule_id, tenant_id, shard, version, next_run_at, {PLANNING})
                 SELECT id, tenant_id, shard, version, %s, {PLANNING} FROM schedules_schedule
                 WHERE tenant_id = ANY(%s) AND name LIKE %s
                 """,
-                [fire_at, self.tenant_ids, "bench-due-%" if due else "bench-idle-%"],
+                [fire_at, [t.id for t in tenants], "bench-due-%" if due else "bench-idle-%"],
             )
             bar.update(total - bar.n)
 

@@ -5,8 +5,8 @@
    beat's tables into the public schema.
 2. Create one CrontabSchedule (minute M, hour H, UTC) for the next minute boundary T0 at least 20 s + N/5000 s
    ahead, and N PeriodicTask rows (bulk_create, unique names, task `bench.peer_noop`, which never runs) routed
-   to the durable queue `bench.peer`.
-3. Start a consumer of `bench.peer` in this process, then `celery -A scheduler_project beat -S
+   to the durable queue `bench.<database>.peer`.
+3. Start a consumer of that queue in this process, then `celery -A scheduler_project beat -S
    django_celery_beat.schedulers:DatabaseScheduler` with publisher confirms on (settings_bench). Beat loads the
    rows at start. Its DatabaseScheduler sleeps at most `max_interval` = 5 s (DEFAULT_MAX_INTERVAL, as
    `beat_max_loop_interval` is unset), but never past the heap's next due time, so it wakes at T0 itself;
@@ -51,7 +51,8 @@ from tqdm import tqdm
 
 from dispatch.bench.processes import PROJECT_ROOT, database_url, rss_peak_mb
 
-PEER_QUEUE = "bench.peer"
+# Named after the database, as the other benchmarks' queues are: runs on two databases never share a queue.
+PEER_QUEUE = f"bench.{settings.DATABASES['default']['NAME']}.peer"
 PEER_TASK = "bench.peer_noop"
 PEER_NAME_PREFIX = "bench.peer-"
 BENCH_SETTINGS = "scheduler_project.settings_bench"
@@ -59,7 +60,7 @@ BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 INSTALL_HINT = "pip install -r requirements-bench.txt"
 # Beat installs this entry itself at start (result_expires is set); it is not the bench's, but a run leaves none.
 BEAT_DEFAULT_ENTRY = "celery.backend_cleanup"
-# One peer run per database at a time: the bench queue and its left-over cleanup are shared.
+# One peer run per database at a time: its queue and its left-over cleanup are the database's.
 ADVISORY_LOCK_KEY = 0x62656E6368  # "bench"
 # Marks the re-executed child, so a settings module that lacks the app fails instead of looping.
 REEXEC_ENV = "SCHEDULER_BENCH_PEER_CHILD"
@@ -135,7 +136,7 @@ def write_lags(path: Path, lags: list[float]) -> None:
 
 
 def peer_queue() -> Queue:
-    """`bench.peer` exactly as Celery declares a queue it creates on demand (an exchange of the same name, direct,
+    """The peer queue exactly as Celery declares a queue it creates on demand (an exchange of the same name, direct,
     durable): RabbitMQ refuses a redeclaration with other flags, and beat declares it on its first publish."""
     return Queue(PEER_QUEUE, Exchange(PEER_QUEUE, type="direct", durable=True), routing_key=PEER_QUEUE, durable=True)
 

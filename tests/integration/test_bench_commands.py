@@ -1,0 +1,197 @@
+"""Every `manage.py bench` subcommand, end to end at a tiny size: a benchmark that cannot run fails CI.
+
+Each runs as an operator runs it (`manage.py bench ...`, its own processes), on a database of its own created and
+migrated here, so they run side by side: the burst-shaped ones wait for the same minute boundary, and the whole
+module costs about one of them. Each is checked by its last line, the JSON object: the keys the API promises, nothing
+lost, and figures only the real processes produce (their peak memory, the broker's read-back, the workers' attempts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.conf import settings
+from psycopg import sql
+
+from dispatch.bench.peer_beat import beat_installed
+from tests.integration.processes import ROOT
+
+pytestmark = pytest.mark.slow
+
+# Fires due at one minute boundary: a horizon of 2 s lets the bench choose the next boundary ~20 s ahead.
+TINY = ("--horizon", "2", "--deadline", "90")
+# Where --lags-out writes (a fresh directory per test session: the module-scoped runs share it).
+LAGS_DIR = Path(tempfile.mkdtemp(prefix="bench-lags-"))
+BENCHES: dict[str, tuple[str, ...]] = {
+    "burst": ("burst", "--schedules", "300", "--tenants", "3", "--lags-out", str(LAGS_DIR / "burst.txt"), *TINY),
+    "drain": ("drain", "--occurrences", "300", "--workers", "1", "--concurrency", "2", *TINY),
+    "fairness": ("fairness", "--big", "300", "--small", "30", *TINY),
+    "celery-noop": ("celery-noop", "--tasks", "300", "--concurrency", "2"),
+    "peer-beat": ("peer-beat", "--tasks", "30", "--deadline", "90", "--lags-out", str(LAGS_DIR / "peer-beat.txt")),
+}
+# The keys of each benchmark's JSON line that the API (Commands) promises.
+PROMISED_KEYS = {
+    "burst": {"schedules", "enqueued", "lost", "lag_p50_s", "lag_p95_s", "lag_p99_s", "lag_max_s", "dispatch_per_s"},
+    "fairness": {"big_lag_p99_s", "small_lag_p99_s", "big_lost", "small_lost", "lost"},
+    "drain": {"executed_per_s", "start_lag_p50_s", "start_lag_p99_s", "finish_p99_s", "lost", "duplicate_effects"}
+    | {"attempts"},
+    "celery-noop": {"tasks", "executed", "executed_per_s"},
+    "peer-beat": {"tasks", "enqueued", "lost", "lag_p50_s", "lag_p99_s", "lag_max_s", "dispatch_per_s"},
+}
+RUN_TIMEOUT_SECONDS = 300
+
+
+@dataclass
+class BenchRun:
+    name: str
+    database: str
+    process: subprocess.Popen
+    log: str = ""
+
+    def result(self) -> dict:
+        lines = self.log.strip().splitlines()
+        assert self.process.returncode == 0, f"bench {self.name} exited {self.process.returncode}:\n{self.log[-4000:]}"
+        assert lines, f"bench {self.name} printed nothing"
+        return json.loads(lines[-1])
+
+
+def _admin_connection() -> psycopg.Connection:
+    params = settings.DATABASES["default"]
+    return psycopg.connect(
+        host=params.get("HOST") or "127.0.0.1",
+        port=params.get("PORT") or 5432,
+        user=params.get("USER") or "postgres",
+        dbname="postgres",
+        autocommit=True,
+    )
+
+
+def _database_url(name: str) -> str:
+    params = settings.DATABASES["default"]
+    return (
+        f"postgres://{params.get('USER') or 'postgres'}@{params.get('HOST') or '127.0.0.1'}:"
+        f"{params.get('PORT') or 5432}/{name}"
+    )
+
+
+def _bench_env(database: str) -> dict[str, str]:
+    env = {**os.environ, "DATABASE_URL": _database_url(database), "SCHEDULER_LOG_LEVEL": "WARNING"}
+    env.pop("DJANGO_SETTINGS_MODULE", None)  # the deployment's settings, as an operator runs it
+    return env
+
+
+def _fresh_database(name: str) -> None:
+    with _admin_connection() as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"],
+        env=_bench_env(name),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, f"migrate of {name} failed:\n{done.stderr[-4000:]}"
+
+
+def _drop_database(name: str) -> None:
+    with _admin_connection() as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="module")
+def bench_runs() -> Iterator[dict[str, BenchRun]]:
+    """Start every runnable benchmark at once, each on its own fresh database, and wait for all of them."""
+    base = f"{settings.DATABASES['default']['NAME']}_bench"
+    runs: dict[str, BenchRun] = {}
+    try:
+        for name in BENCHES:
+            database = f"{base}_{name.replace('-', '_')}"
+            _fresh_database(database)
+            process = subprocess.Popen(
+                [sys.executable, str(ROOT / "manage.py"), "bench", *BENCHES[name]],
+                env=_bench_env(database),
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            runs[name] = BenchRun(name, database, process)
+        deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
+        for run in runs.values():
+            try:
+                run.log, _ = run.process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                run.process.kill()
+                run.log, _ = run.process.communicate()
+        yield runs
+    finally:
+        for run in runs.values():
+            if run.process.poll() is None:
+                run.process.kill()
+                run.process.wait()
+            _drop_database(run.database)
+
+
+@pytest.mark.parametrize("name", list(BENCHES))
+def test_the_benchmark_runs_and_its_json_line_has_the_promised_keys(bench_runs, name):
+    result = bench_runs[name].result()
+    assert PROMISED_KEYS[name] <= set(result), f"missing: {PROMISED_KEYS[name] - set(result)}"
+    assert result.get("lost", 0) == 0
+
+
+def test_burst_went_through_a_real_materializer_and_relay_to_the_broker(bench_runs):
+    result = bench_runs["burst"].result()
+    assert result["schedules"] == result["enqueued"] == 300
+    assert result["lost_on_broker"] == 0 and result["duplicates"] == 0
+    assert result["broker_messages"] >= 3  # one envelope per tenant at least, read back from the queue
+    assert result["materialize_per_s"] > 0
+    assert set(result["peak_rss_mb"]) == {"materializer-1", "relay-1"}
+    assert all(mb > 20 for mb in result["peak_rss_mb"].values())
+    assert 0 <= result["lag_p50_s"] <= result["lag_p99_s"] <= result["lag_max_s"] < 90
+    assert len((LAGS_DIR / "burst.txt").read_text().splitlines()) == 300
+
+
+def test_drain_ran_every_fire_once_through_a_real_worker(bench_runs):
+    result = bench_runs["drain"].result()
+    assert result["executed"] == 300
+    assert result["effects"] == 300 and result["duplicate_effects"] == 0
+    assert result["attempts"] >= 300
+    assert {"materializer-1", "relay-1", "worker-1"} <= set(result["peak_rss_mb"])
+    assert result["executed_per_s"] > 0
+    assert 0 <= result["start_lag_p50_s"] <= result["start_lag_p99_s"]
+
+
+def test_fairness_measured_both_tenants_apart(bench_runs):
+    result = bench_runs["fairness"].result()
+    assert (result["big_enqueued"], result["small_enqueued"]) == (300, 30)
+    assert result["big_lost"] == result["small_lost"] == 0
+    assert set(result["peak_rss_mb"]) == {"materializer-1", "relay-1"}
+    assert result["small_lag_p99_s"] < 90
+
+
+def test_celery_noop_ran_every_task_on_a_real_worker(bench_runs):
+    result = bench_runs["celery-noop"].result()
+    assert result["tasks"] == result["executed"] == 300
+    assert result["executed_per_s"] > 0
+
+
+def test_peer_beat_delivered_every_task_through_beat(bench_runs):
+    assert beat_installed(), "requirements-dev.txt installs requirements-bench.txt, which has django-celery-beat"
+    result = bench_runs["peer-beat"].result()
+    assert result["tasks"] == result["enqueued"] == 30
+    assert result["duplicates"] == 0 and result["finished"] is True
+    assert result["peak_rss_mb"] > 20  # beat itself, a process of its own
+    assert 0 <= result["lag_p50_s"] <= result["lag_p99_s"] <= result["lag_max_s"] < 90
+    assert len((LAGS_DIR / "peer-beat.txt").read_text().splitlines()) == 30
