@@ -109,7 +109,7 @@ class Fleet:
                     os.killpg(process.pid, signal.SIGKILL) if os.getpgid(process.pid) == process.pid else process.kill()
                 process.wait(timeout=10)
             # Captured by pytest and shown only when the test failed.
-            print(f"--- tail of {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-80:]))
+            print(f"--- tail of {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-200:]))
             log.unlink(missing_ok=True)
 
 
