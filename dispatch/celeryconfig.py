@@ -56,8 +56,9 @@ def celery_defaults() -> dict[str, Any]:
         # redelivered, and the redelivery re-offers only occurrences that are not terminal.
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
-        # Each envelope carries up to SCHEDULER_ENVELOPE_SIZE occurrences and occupies a process until all are
-        # done: reserving more would park envelopes behind a slow one while other workers idle.
+        # Each envelope carries up to SCHEDULER_ENVELOPE_SIZE occurrences and occupies a process until they are
+        # done or its turn ends (SCHEDULER_ENVELOPE_SLICE_SECONDS): reserving more would park envelopes behind a
+        # slow one while other workers idle.
         "worker_prefetch_multiplier": 1,
         # Celery's Django fix-up closes every database connection before and after each task unless this is set:
         # a new connection (and its SET search_path) per envelope cost ~10 ms. Kept for 2 x this many tasks; a

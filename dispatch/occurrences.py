@@ -371,20 +371,30 @@ def replay_stuck(
 ) -> StuckReplay:
     """Re-publish every stuck occurrence (dispatch/stuck.py) scheduled since `since`, under its own id.
 
-    Only a new envelope is written, one transaction per page: the state is left as it is, so the worker's claim
-    stays the one authority (a duplicate delivery of something that meanwhile ran is dropped as terminal; a
-    running one with an expired lease is taken over with the next generation; a withdrawn one is canceled).
+    One transaction per page: each occurrence still unfinished is marked `forced` (an operator asked for this very
+    fire, as with a DLQ replay: it runs however late it now is, under its own version, unless its schedule was
+    canceled) and gets a new envelope. Its state is left as it is, so the worker's claim stays the one authority (a
+    duplicate delivery of something that meanwhile ran is dropped as terminal; a running one with an expired lease
+    is taken over with the next generation; a canceled schedule's is canceled).
     """
     now = now or db_now()
     by_state: Counter[str] = Counter()
     for page in stuck_pages(
         since=since, until=now, now=now, stuck_after_seconds=older_than_seconds, tenant_id=tenant_id
     ):
-        fires = [Fire.of(row, available_at=now) for row in page]
         with transaction.atomic(), connection.cursor() as cursor:
-            enqueue(cursor, fires)
-        by_state.update(row.state for row in page)
+            cursor.execute(
+                maintenance_sql.FORCE_STUCK,
+                {
+                    "occurrence_ids": [row.occurrence_id for row in page],
+                    "scheduled_fors": [row.scheduled_for for row in page],
+                },
+            )
+            still_stuck = {row[0] for row in cursor.fetchall()}
+            redriven = [row for row in page if row.occurrence_id in still_stuck]
+            enqueue(cursor, [Fire.of(row, available_at=now) for row in redriven])
+        by_state.update(row.state for row in redriven)
         if progress is not None:
             progress(len(page))
-        logger.info("re-published %d stuck occurrences", len(page), extra={"action": "replay_stuck"})
+        logger.info("re-published %d stuck occurrences", len(redriven), extra={"action": "replay_stuck"})
     return StuckReplay(republished=sum(by_state.values()), by_state=dict(sorted(by_state.items())))

@@ -79,7 +79,9 @@ def _check_task_message(headers: dict[str, Any], payload: Any) -> None:
 def run_envelope(self, envelope: Any = None, *unexpected_args: Any, **unexpected_kwargs: Any) -> dict[str, int]:
     """Decode the envelope, run each occurrence (claim → handler → complete), return the outcome counts.
 
-    Returns only when every occurrence is finished, so the message is acknowledged after the work (acks_late).
+    Returns when every occurrence is finished, or at the end of the envelope's turn (dispatch/engine/envelope.py),
+    so the message is acknowledged after the work (acks_late): by then each occurrence in it is finished, running
+    under a renewed lease (the reaper's if this process dies), or handed back with an envelope of its own.
     A message that is not an envelope is logged and dropped, never raised: raising would only fail it the same way
     again. A database failure hands the whole envelope back to the broker; the redelivery re-offers only the
     occurrences that are not terminal yet.
@@ -100,7 +102,7 @@ def run_envelope(self, envelope: Any = None, *unexpected_args: Any, **unexpected
         )
         return {}
     worker_name = f"{self.request.hostname or socket.gethostname()}/{os.getpid()}"
-    outcomes = envelope_runner(worker_name).run(pairs, worker_name)
+    outcomes = envelope_runner(worker_name).run(pairs, worker_name, _tenant_of(envelope))
     retry = outcomes.get("db_error", 0) + outcomes.get("not_run", 0)
     if retry:
         logger.error(
@@ -119,6 +121,13 @@ def run_envelope(self, envelope: Any = None, *unexpected_args: Any, **unexpected
         extra={"action": "envelope_done"},
     )
     return dict(outcomes)
+
+
+def _tenant_of(envelope: Any) -> int | None:
+    """The tenant the envelope's body names; the claim reads it from the rows when it can (this is for when none
+    could be read)."""
+    tenant_id = envelope.get("tenant_id") if isinstance(envelope, dict) else None
+    return tenant_id if isinstance(tenant_id, int) and not isinstance(tenant_id, bool) else None
 
 
 _runner: EnvelopeRunner | None = None

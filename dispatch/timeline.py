@@ -100,11 +100,13 @@ def _release(occurrence: Occurrence, attempts: Sequence[Attempt]) -> tuple[str, 
                 f"{delay}: attempt {ended[-1].generation} {ended[-1].outcome or 'ended'}, and its retry waited out the "
                 "backoff.",
             )
-        # Parking for the running quota keeps the attempts and clears nothing else: no attempt ended before it.
+        # Parking keeps the attempts and clears nothing else: no attempt ended before it.
         return (
             "Offered again",
-            f"{delay}: when a worker took it, its tenant already ran max_running occurrences, so it went back to wait "
-            "for a running slot and was offered again. That wait is the tenant's quota, not platform lag.",
+            f"{delay}: when a worker took it, it could not start there yet (its tenant already ran max_running "
+            "occurrences, or its handlers held their share of the worker's pool, or its envelope's turn on the "
+            "worker ended first), so it went back to wait and was offered again. That wait is the tenant's own "
+            "quota and share, not platform lag.",
         )
     if occurrence.forced and not occurrence.manual:
         return "Released", f"{delay}: released when the operator's backfill wrote it (paced by catch-up)."

@@ -329,6 +329,14 @@ SCHEDULER_RELAY_STAGE_SECONDS = env_float("SCHEDULER_RELAY_STAGE_SECONDS", 1.0, 
 # --- Workers ---
 # Occurrences of one envelope run in parallel on this many threads per worker process.
 SCHEDULER_WORKER_THREADS = env_int("SCHEDULER_WORKER_THREADS", 8, minimum=1, maximum=256)
+# The part of those threads one tenant's handlers may hold at once (at least one thread): the rest stay free for
+# other tenants however long this tenant's handlers hang (docs/DESIGN.md "Isolation in the worker pool").
+SCHEDULER_WORKER_TENANT_SHARE = env_float("SCHEDULER_WORKER_TENANT_SHARE", 0.5, minimum=0.01, maximum=1.0)
+# The longest an envelope keeps its worker process: what has not started by then is handed back under its own ids
+# (attempts untouched, due at once, behind what other tenants have queued), and handlers still running finish on
+# the pool. A handler running longer counts as slow: a tenant whose share is held by slow handlers is not claimed
+# on that process until they end. 250 noop fires take a few hundredths of a second.
+SCHEDULER_ENVELOPE_SLICE_SECONDS = env_float("SCHEDULER_ENVELOPE_SLICE_SECONDS", 1.0, minimum=0.05)
 # How often every process flushes its counters into PostgreSQL and writes its heartbeat (relays, worker pool
 # processes). /healthz and the console call a process silent after two shard leases without one.
 SCHEDULER_HEARTBEAT_SECONDS = env_float("SCHEDULER_HEARTBEAT_SECONDS", 5.0, minimum=0.1)

@@ -1,5 +1,6 @@
 """The rules that end or park a delivery at claim, on the locked occurrence row as observed: the misfire policy
-(ARCHITECTURE rule 12), the overlap policy (rule 8) and the tenant's running quota (max_running).
+(ARCHITECTURE rule 12), the overlap policy (rule 8), the tenant's running quota (max_running) and its share of the
+worker's pool (dispatch/engine/pool_share.py).
 
 dispatch/engine/claims.py applies them, in the order its docstring gives, to one occurrence or to an envelope's.
 """
@@ -69,21 +70,54 @@ Move = Callable[..., Drop]
 def wait_for_running_slot(cursor, key: dict[str, Any], o: Observed, move: Move) -> Drop:
     """The tenant runs max_running occurrences already: back to retry_wait with its envelope, attempts untouched.
 
-    The wait before it is offered again grows with how long it has waited (a quarter of it, from
-    SCHEDULER_RUNNING_RECHECK_SECONDS up to SCHEDULER_RUNNING_RECHECK_MAX_SECONDS, jittered): a backlog far over
+    The wait before it is offered again grows with how long it has waited (`recheck_delay`): a backlog far over
     the quota costs the workers a few offers per occurrence, not one per second each.
     """
     cursor.execute(quota_sql.COUNT_THROTTLED_CLAIM, {"tenant_id": o.tenant_id})
-    waited = max(0.0, (o.now - key["scheduled_for"]).total_seconds())
-    base = settings.SCHEDULER_RUNNING_RECHECK_SECONDS
-    delay = min(settings.SCHEDULER_RUNNING_RECHECK_MAX_SECONDS, max(base, waited / 4)) * random.uniform(0.75, 1.25)
-    recheck_at = o.now + timedelta(seconds=delay)
+    recheck_at = o.now + timedelta(seconds=recheck_delay((o.now - key["scheduled_for"]).total_seconds()))
     words = "throttled: the tenant's max_running quota is reached"
     drop = move(OccurrenceState.RETRY_WAIT, "running_quota", words, recheck_at)
     if drop.state == OccurrenceState.RETRY_WAIT:
         fire = Fire.for_lane(**key, tenant_id=o.tenant_id, lane=o.lane, available_at=recheck_at, priority=o.priority)
         enqueue(cursor, [fire])
     return drop
+
+
+def wait_for_pool_share(cursor, rows: list[tuple[dict[str, Any], Observed]], why: str) -> set[uuid.UUID]:
+    """The tenant's share of this worker's pool (or the whole pool) is held by slow handlers: the rows go back to
+    retry_wait, attempts untouched, to be offered again after `recheck_delay` with one envelope for them all (an
+    envelope's rows share their tenant and lane), as a claim over max_running waits. Returns the ids parked."""
+    now = rows[0][1].now
+    oldest = min(key["scheduled_for"] for key, _ in rows)
+    cursor.execute(
+        claim_sql.PARK_MANY,
+        {
+            "occurrence_ids": [key["occurrence_id"] for key, _ in rows],
+            "scheduled_fors": [key["scheduled_for"] for key, _ in rows],
+            "states": [o.state for _, o in rows],
+            "attempt_counts": [o.attempt_count for _, o in rows],
+            "available_at": now + timedelta(seconds=recheck_delay((now - oldest).total_seconds())),
+            "reason": f"waiting for the worker pool: {why}",
+        },
+    )
+    parked = cursor.fetchall()
+    enqueue(
+        cursor,
+        [
+            Fire.for_lane(occurrence_id, scheduled_for, tenant_id=tenant_id, lane=lane, available_at=at, priority=p)
+            for occurrence_id, scheduled_for, tenant_id, lane, p, at in parked
+        ],
+    )
+    return {row[0] for row in parked}
+
+
+def recheck_delay(waited_seconds: float) -> float:
+    """How long work that waits for room to run (the tenant's max_running, or its share of a worker's pool) waits
+    before it is offered again: a quarter of its wait so far, from SCHEDULER_RUNNING_RECHECK_SECONDS up to
+    SCHEDULER_RUNNING_RECHECK_MAX_SECONDS, jittered so parked work does not come back in step."""
+    base = settings.SCHEDULER_RUNNING_RECHECK_SECONDS
+    delay = min(settings.SCHEDULER_RUNNING_RECHECK_MAX_SECONDS, max(base, max(0.0, waited_seconds) / 4))
+    return delay * random.uniform(0.75, 1.25)
 
 
 def misfire_reason(cursor, key: dict[str, Any], o: Observed) -> str | None:

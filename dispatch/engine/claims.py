@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,6 +39,7 @@ from dispatch.engine.claim_rules import (
     Observed,
     misfire_reason,
     overlap_verdict,
+    wait_for_pool_share,
     wait_for_running_slot,
 )
 from dispatch.engine.retry import deadline_of
@@ -76,6 +78,8 @@ class Claim:
     lease_expires_at: datetime
     overlap_policy: str = OverlapPolicy.ALLOW
     forced: bool = False
+    # A first attempt's claim - release instant (None: not counted, as for retries, forced and manual fires).
+    start_lag: float | None = None
 
     @property
     def key(self) -> dict[str, Any]:
@@ -121,16 +125,27 @@ class EnvelopeClaim:
     claims: list[Claim] = field(default_factory=list)
     drops: list[tuple[uuid.UUID, Drop]] = field(default_factory=list)
     alone: list[tuple[uuid.UUID, datetime]] = field(default_factory=list)
+    tenant_id: int | None = None  # the envelope's tenant, as its rows say (None when no row could be read)
 
 
-def claim_many(pairs: list[tuple[uuid.UUID, datetime]], worker_name: str, now: datetime | None = None) -> EnvelopeClaim:
+def claim_many(
+    pairs: list[tuple[uuid.UUID, datetime]],
+    worker_name: str,
+    now: datetime | None = None,
+    *,
+    blocked: Callable[[int], str | None] | None = None,
+) -> EnvelopeClaim:
     """Claim an envelope's occurrences in one transaction and a handful of statements, deciding each exactly as
     `try_claim` would (the same steps, the same rules), so a hundred occurrences cost what one used to.
 
     1. Lock every occurrence of the envelope in one statement, SKIP LOCKED (a held row is left to `try_claim`).
     2. Decide each locked row's exits (steps 1-5): drops and side exits, one statement each only where they happen.
-    3. Take the tenant's running slots for the rest in one statement; those over the quota are parked.
-    4. Move them to running and insert their attempts, one statement each for all.
+    3. Where `blocked(tenant)` says why none of the tenant's handlers could start on this worker soon (its share of
+       the pool is held by slow handlers), park the rest in one statement instead of claiming them.
+    4. Take the tenant's running slots for the rest in one statement; those over the quota are parked.
+    5. Move them to running and insert their attempts, one statement each for all.
+    The claims' start lag and claim count are left to the caller, which counts a claim once its handler starts
+    (`count_started`): a claim handed back unstarted is claimed again later, and counted then.
     """
     result = EnvelopeClaim()
     if not pairs:
@@ -149,8 +164,12 @@ def claim_many(pairs: list[tuple[uuid.UUID, datetime]], worker_name: str, now: d
             existing = {row[0] for row in cursor.fetchall()}
         candidates: list[tuple[dict[str, Any], Observed]] = []
         left_running: list[int] = []
+        waiting: dict[int, list[tuple[dict[str, Any], Observed]]] = {}
+        why_blocked: dict[int, str | None] = {}
         for position, (occurrence_id, scheduled_for) in enumerate(pairs, start=1):
             o = locked.get(position)
+            if o is not None and result.tenant_id is None:
+                result.tenant_id = o.tenant_id
             if o is None or o.overlap_policy != OverlapPolicy.ALLOW:
                 if o is None and position not in existing:
                     result.drops.append((occurrence_id, Drop("unknown", None)))
@@ -160,25 +179,54 @@ def claim_many(pairs: list[tuple[uuid.UUID, datetime]], worker_name: str, now: d
             key = {"occurrence_id": occurrence_id, "scheduled_for": scheduled_for}
             verdict = _exit(cursor, key, o)
             if verdict is None:
+                if blocked is not None and o.state != OccurrenceState.RUNNING:  # a takeover keeps its dead run's slot
+                    if o.tenant_id not in why_blocked:
+                        why_blocked[o.tenant_id] = blocked(o.tenant_id)
+                    if why_blocked[o.tenant_id] is not None:
+                        waiting.setdefault(o.tenant_id, []).append((key, o))
+                        continue
                 candidates.append((key, o))
                 continue
             result.drops.append((occurrence_id, verdict))
             if o.state == OccurrenceState.RUNNING and _left_running(verdict):
                 left_running.append(o.tenant_id)
+        for tenant_id, rows in sorted(waiting.items()):
+            parked = wait_for_pool_share(cursor, rows, why_blocked[tenant_id] or "")
+            result.drops += [(key["occurrence_id"], Drop("pool_share", OccurrenceState.RETRY_WAIT)) for key, _ in rows]
+            if len(parked) != len(rows):  # cannot happen under the row locks; refuse rather than guess
+                transaction.set_rollback(True)
+                return EnvelopeClaim(alone=list(pairs), tenant_id=result.tenant_id)
         claimed = _claim_many(cursor, candidates, worker_name)
         if claimed is None:
             # An attempt of a claimed generation exists already (attempt_generation_unique): history contradicts
             # the claim. Undo the whole batch and let each occurrence be decided alone, as the one-by-one path does.
             transaction.set_rollback(True)
-            return EnvelopeClaim(alone=list(pairs))
+            return EnvelopeClaim(alone=list(pairs), tenant_id=result.tenant_id)
         # The tenants' counter rows last (the expired runs' slots back, then this batch's): they are held only to
         # the commit, not while the claims above are written (see dispatch/sql/quotas.py).
         release_running_slots(cursor, left_running)
         result.claims = _within_running_quota(cursor, claimed, result, worker_name)
     for occurrence_id, drop in result.drops:
-        _report_claim(occurrence_id, drop)
-    counters.WORKER_CLAIMS.inc(len(result.claims))
+        if drop.reason != "pool_share":
+            _report_claim(occurrence_id, drop)
+    for tenant_id, rows in waiting.items():
+        # One line for the envelope, not one per occurrence: a tenant whose handlers hang sends many.
+        counters.WORKER_CLAIM_DROPS.labels("pool_share").inc(len(rows))
+        logger.info(
+            "parked %d occurrences of tenant %s: %s",
+            len(rows),
+            tenant_id,
+            why_blocked[tenant_id],
+            extra={"action": "claim_drop", "reason": "pool_share", "tenant_id": tenant_id},
+        )
     return result
+
+
+def count_started(claim: Claim) -> None:
+    """Count a batched claim once its handler starts (or its pre-check ends it): claimed, and its start lag."""
+    counters.WORKER_CLAIMS.inc()
+    if claim.start_lag is not None:
+        counters.START_LAG.labels(claim.lane).observe(claim.start_lag)
 
 
 # A claimed row of the batch before the running quota had its say: the row as observed, and what the claim gave it.
@@ -372,10 +420,11 @@ def _claim(cursor, key: dict[str, Any], o: Observed, worker_name: str) -> Claim 
 def _claim_of(
     key: dict[str, Any], o: Observed, worker_name: str, *, generation: int, attempt_id: int, lease_expires_at: datetime
 ) -> Claim:
-    """The Claim of an occurrence just moved to running (and its start lag, for a first attempt)."""
+    """The Claim of an occurrence just moved to running, with its start lag if it is a first attempt."""
     payload = json.loads(o.payload) if isinstance(o.payload, str | bytes) else (o.payload or {})
+    start_lag = None
     if generation == 1 and not (o.forced or o.manual):
-        counters.START_LAG.labels(o.lane).observe(max(0.0, (o.now - o.available_at).total_seconds()))
+        start_lag = max(0.0, (o.now - o.available_at).total_seconds())
     return Claim(
         occurrence_id=key["occurrence_id"],
         scheduled_for=key["scheduled_for"],
@@ -394,12 +443,13 @@ def _claim_of(
         lease_expires_at=lease_expires_at,
         overlap_policy=o.overlap_policy,
         forced=o.forced,
+        start_lag=start_lag,
     )
 
 
 def _report_claim(occurrence_id: uuid.UUID, outcome: Claim | Drop) -> None:
     if isinstance(outcome, Claim):
-        counters.WORKER_CLAIMS.inc()
+        count_started(outcome)  # one by one, the handler starts right after the claim
         logger.debug(
             "claimed occurrence %s generation %d (%s)",
             occurrence_id,

@@ -1,22 +1,32 @@
-"""The worker's hot path: an envelope's occurrences through claim, run and completion, in batches.
+"""The worker's hot path: an envelope's occurrences through claim, run and completion, in batches, within their
+tenant's share of the process's pool and one turn of the process.
 
 An occurrence used to cost about fourteen round trips to PostgreSQL of its own (its claim transaction, a pre-check,
 its completion transaction, a `SET search_path` for each new cursor, a connection health check), on a thread of its
 own: 323 occurrences a second on two cores. Here an envelope of a hundred costs about a dozen:
-1. `claim_many` claims what it can in one transaction. What needs another lock order (overlap policies other than
-   allow) or another transaction's row goes the one-by-one way (`process_occurrence`) on the pool, as before.
+1. `claim_many` claims what it can in one transaction. A tenant whose share of this process's pool is held by slow
+   handlers (dispatch/engine/pool_share.py) is not claimed here: its occurrences wait in retry_wait, attempts
+   untouched, for an envelope of their own, as over max_running. What needs another lock order (overlap policies
+   other than allow) or another transaction's row goes the one-by-one way (`process_occurrence`) on the pool.
 2. One pre-check for all the claims right before their handlers start (ARCHITECTURE rule 5). A handler that starts
    more than PRECHECK_FRESH_SECONDS after it (the pool was busy with slow handlers) re-checks alone.
-3. The handlers run on the process's pool, at most SCHEDULER_WORKER_THREADS at a time; each pool thread takes the
-   envelope's next claim until none is left, so a thread is handed work once per envelope, not once per occurrence.
-   The renewer looks after every claim's lease from the start, registered at once.
+3. The handlers run on the process's pool, at most the tenant's share of its threads at a time: each pool thread
+   that holds one of the tenant's slots takes the envelope's next occurrence until none is left, so a thread is
+   handed work once per envelope, not once per occurrence. The renewer looks after every claim's lease from the
+   start, registered at once.
 4. Results are completed in batches as they come (`complete_many`): whatever finished within COMPLETE_BATCH_SECONDS
    of the first result shares one transaction, and a slow handler never holds back the others' completion.
+5. The envelope has its Celery process for one turn (SCHEDULER_ENVELOPE_SLICE_SECONDS). A fast envelope is done
+   long before; a slow one then hands back what has not started (dispatch/engine/hand_back.py: same ids, attempts
+   untouched, an envelope due at once, so it queues behind what other tenants have waiting) and leaves its running
+   handlers to finish on the pool, each completing its own result, fenced as always. The task returns, and the
+   process takes its next message: no envelope holds a process for longer than its turn.
 Fencing, attempts, the overlap and misfire rules and heartbeats are the one-by-one path's, applied to many rows.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -26,12 +36,16 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connection, connections
 
 from dispatch.engine import worker
-from dispatch.engine.claims import Claim, claim_many
+from dispatch.engine.claim_rules import recheck_delay
+from dispatch.engine.claims import Claim, claim_many, count_started
 from dispatch.engine.faults import crash_point
+from dispatch.engine.hand_back import hand_back
 from dispatch.engine.leases import Ticket, lease_renewer
+from dispatch.engine.pool_share import PoolShare
 from dispatch.engine.retry import RunResult
 from dispatch.engine.timer import PriorityTimer, TimerClosed
 
@@ -41,173 +55,322 @@ logger = logging.getLogger(__name__)
 PRECHECK_FRESH_SECONDS = 0.5
 # How long the first finished result of a batch waits for others to share its completion transaction.
 COMPLETE_BATCH_SECONDS = 0.05
+# How often an envelope's task looks at its turn: whether its occurrences can get a slot of their tenant's share
+# (other handlers, possibly an earlier envelope's, free them as they end), and whether it should go on without them.
+POLL_SECONDS = 0.05
+# An envelope none of whose occurrences could start for this long hands them back, to be offered again after a
+# recheck delay: its tenant's share (or the whole pool) is held by handlers that are not ending.
+STARVED_SECONDS = 0.5
+# Once everything has started, the task waits this long for a result before it leaves the last (slow) handlers to
+# complete themselves: fast handlers are done within it, so their completions stay batched.
+TAIL_SECONDS = 0.1
 # A result that is no outcome of the handler: the occurrence stays running under its lease (left to expire, then
 # retried by the reaper) and the envelope goes back to the broker.
 NOT_RUN = RunResult("not_run")
 FAILED_TO_RUN = RunResult("error")
 
 
-class _Claimed:
-    """One envelope's claims in flight: those not started yet, and the results not completed yet."""
+class _Entry:
+    """One occurrence of the envelope: a batched claim with its lease ticket, or a delivery left to try_claim."""
 
-    def __init__(self, claims: list[tuple[Claim, Ticket]], prechecked_at: float) -> None:
-        self.todo = deque(claims)
+    __slots__ = ("claim", "pair", "ticket")
+
+    def __init__(
+        self,
+        claim: Claim | None = None,
+        ticket: Ticket | None = None,
+        pair: tuple[uuid.UUID, datetime] | None = None,
+    ) -> None:
+        self.claim = claim
+        self.ticket = ticket
+        self.pair = pair
+
+
+class _Work:
+    """One envelope's occurrences on the pool: not started (`todo`), running, finished but not completed."""
+
+    def __init__(self, tenant: int | None, entries: list[_Entry], prechecked_at: float) -> None:
+        self.tenant = tenant
+        self.todo = deque(entries)
+        self.running = 0
+        self.claiming = 0  # one-by-one deliveries whose claim is not decided yet
         self.results: list[tuple[Claim, RunResult, Ticket | None]] = []
         self.first_result_at: float | None = None
+        self.alone_outcomes: Counter[str] = Counter()
         self.prechecked_at = prechecked_at
+        self.progress_at = prechecked_at  # when a handler of the envelope last started or finished
+        self.holding = 0  # pool tasks holding a slot of the tenant's share for this envelope
+        self.detached = False  # the task went on: what still runs completes itself
+        self.drains: dict[tuple[str, int], bool] = {}  # pool tasks serving this envelope -> started yet
         self.cond = threading.Condition()
 
-    def take(self) -> tuple[Claim, Ticket] | None:
+    def take(self) -> _Entry | None:
         with self.cond:
-            return self.todo.popleft() if self.todo else None
+            if not self.todo:
+                return None
+            entry = self.todo.popleft()
+            self.running += 1
+            self.progress_at = time.monotonic()
+            if entry.claim is None:
+                self.claiming += 1
+            return entry
 
-    def put(self, claim: Claim, result: RunResult, ticket: Ticket | None) -> None:
+    def claim_decided(self) -> None:
         with self.cond:
-            if self.first_result_at is None:
-                self.first_result_at = time.monotonic()
-            self.results.append((claim, result, ticket))
+            self.claiming -= 1
             self.cond.notify_all()
 
-
-class _Alone:
-    """The occurrences of an envelope decided one by one, in flight on the pool; the task waits for all of them."""
-
-    def __init__(self, task_ids: list[tuple[str, int]]) -> None:
-        self.pending = set(task_ids)
-        self.outcomes: Counter[str] = Counter()
-        self.cond = threading.Condition()
-
-    def done(self, task_id: tuple[str, int], outcome: str) -> None:
+    def put(self, claim: Claim, result: RunResult, ticket: Ticket | None) -> bool:
+        """Report a batched claim's result; False once the task went on without it (the caller completes it)."""
         with self.cond:
-            if task_id in self.pending:
-                self.pending.discard(task_id)
-                self.outcomes[outcome] += 1
-                self.cond.notify_all()
+            self.running -= 1
+            if self.detached:
+                return False
+            self.progress_at = time.monotonic()
+            if self.first_result_at is None:
+                self.first_result_at = self.progress_at
+            self.results.append((claim, result, ticket))
+            self.cond.notify_all()
+            return True
+
+    def alone_done(self, outcome: str) -> None:
+        with self.cond:
+            self.running -= 1
+            self.progress_at = time.monotonic()
+            if not self.detached:
+                self.alone_outcomes[outcome] += 1
+            self.cond.notify_all()
+
+    def drain_started(self, task_id: tuple[str, int], holding: bool) -> None:
+        with self.cond:
+            self.drains[task_id] = True
+            self.holding += holding
+
+    def drain_ended(self, task_id: tuple[str, int], holding: bool = False) -> None:
+        with self.cond:
+            self.drains.pop(task_id, None)
+            self.holding -= holding
+            self.cond.notify_all()
+
+    def finished(self) -> bool:
+        """Nothing left to start, run or complete (the caller holds `cond`)."""
+        return not self.todo and not self.running and not self.results
+
+    def starved(self, now: float) -> bool:
+        """Occurrences wait, no pool task holds a slot for them, and none of them started for a while (the caller
+        holds `cond`)."""
+        return bool(self.todo) and not self.holding and now - self.progress_at >= STARVED_SECONDS
+
+    def only_slow_left(self, now: float) -> bool:
+        """Everything has started and the handlers still running have given no result for a while (the caller
+        holds `cond`)."""
+        return not self.todo and not self.results and now - self.progress_at >= TAIL_SECONDS
 
 
 class EnvelopeRunner:
     """A process-wide pool (seed 004's PriorityTimer): its threads, and the database connection each keeps, serve
-    every envelope of the process instead of being created per envelope."""
+    every envelope of the process instead of being created per envelope; `share` splits them among tenants."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, *, tenant_share: float | None = None) -> None:
         self.workers = workers
         self.timer = PriorityTimer(workers=workers)
         self.timer.start()
+        share = settings.SCHEDULER_WORKER_TENANT_SHARE if tenant_share is None else tenant_share
+        self.share = PoolShare(workers, share)
+        self._drain_ids = itertools.count()
         self._connections: list[Any] = []
         self._lock = threading.Lock()
 
-    def run(self, pairs: list[tuple[uuid.UUID, datetime]], worker_name: str) -> Counter[str]:
-        """Run an envelope's occurrences; returns the outcome counts (db_error and not_run: hand it back)."""
+    def run(
+        self, pairs: list[tuple[uuid.UUID, datetime]], worker_name: str, tenant_id: int | None = None
+    ) -> Counter[str]:
+        """Run an envelope's occurrences for at most one turn; returns the outcome counts (db_error and not_run:
+        hand the message back to the broker). `tenant_id` is the envelope's, as its body says."""
         outcomes: Counter[str] = Counter()
         token = uuid.uuid4().hex  # pool task ids unique per delivery: a duplicate envelope must not replace ours
+        turn = settings.SCHEDULER_ENVELOPE_SLICE_SECONDS
         try:
-            batch = claim_many(pairs, worker_name)
+            batch = claim_many(pairs, worker_name, blocked=lambda tenant: self.share.blocked(tenant, turn))
         except DatabaseError:
             logger.exception("database error claiming an envelope", extra={"action": "occurrence_db_error"})
             connection.close()
             outcomes["db_error"] += len(pairs)
             return outcomes
-        if batch.drops:
-            outcomes["dropped"] += len(batch.drops)
-        alone = self._start_alone(token, batch.alone, worker_name)
+        for _, drop in batch.drops:
+            outcomes["parked" if drop.reason == "pool_share" else "dropped"] += 1
         if batch.claims:
             crash_point("worker.after_claim")
-            outcomes.update(self._run_claims(token, batch.claims))
-        outcomes.update(self._wait_alone(alone))
+        if batch.claims or batch.alone:
+            tenant = batch.tenant_id if batch.tenant_id is not None else tenant_id
+            outcomes.update(self._run(token, tenant, batch.claims, batch.alone, worker_name, turn))
         return outcomes
 
-    # --- the batched path ----------------------------------------------------------------------------------------
-
-    def _run_claims(self, token: str, claims: list[Claim]) -> Counter[str]:
+    def _run(
+        self,
+        token: str,
+        tenant: int | None,
+        claims: list[Claim],
+        alone: list[tuple[uuid.UUID, datetime]],
+        worker_name: str,
+        turn: float,
+    ) -> Counter[str]:
         outcomes: Counter[str] = Counter()
+        verdicts: dict[uuid.UUID, RunResult] = {}
         try:
             verdicts = worker.precheck_many(claims)
         except DatabaseError:
             logger.exception("database error before the handlers ran", extra={"action": "occurrence_db_error"})
             connection.close()
             outcomes["db_error"] += len(claims)
-            return outcomes
+            claims = []
         runnable = [c for c in claims if c.occurrence_id not in verdicts]
         tickets = lease_renewer().register_many(
             [(claim, threading.Event()) for claim in runnable], worker.handler_deadline()
         )
-        claimed = _Claimed(list(zip(runnable, tickets, strict=True)), prechecked_at=time.monotonic())
+        entries = [_Entry(claim, ticket) for claim, ticket in zip(runnable, tickets, strict=True)]
+        work = _Work(tenant, entries + [_Entry(pair=pair) for pair in alone], prechecked_at=time.monotonic())
         for claim in claims:
             if claim.occurrence_id in verdicts:
-                claimed.put(claim, verdicts[claim.occurrence_id], None)
-        drains = []
-        for n in range(min(self.workers, len(runnable))):
-            task_id = (token, -1 - n)
-            try:
-                self.timer.schedule(task_id, time.monotonic(), 0, partial(self._drain, claimed))
-            except TimerClosed:
+                count_started(claim)
+                work.results.append((claim, verdicts[claim.occurrence_id], None))
+                work.first_result_at = work.first_result_at or time.monotonic()
+        turn_ends = time.monotonic() + turn
+        waiting = self.share.blocked(tenant, turn)  # why the tenant's work cannot start here soon, if it cannot
+        while not waiting:
+            if not self._add_drains(work, token, worker_name):
+                break  # the pool is closing: what has not started goes back now
+            results = self._next_results(work, turn_ends)
+            if results:
+                outcomes.update(self._complete(results))
+            now = time.monotonic()
+            with work.cond:
+                if work.finished():
+                    outcomes.update(work.alone_outcomes)
+                    return outcomes
+                if work.starved(now):
+                    waiting = self.share.busy(tenant)
+                    break
+                if work.only_slow_left(now):
+                    break
+            if now >= turn_ends:
                 break
-            drains.append(task_id)
-        left = len(claims)
-        while left:
-            results = self._next_results(claimed, drains)
-            if results is None:  # the pool closed before it started them: leases expire, the reaper retries them
-                not_started = [entry for entry in claimed.todo]
-                claimed.todo.clear()
-                lease_renewer().unregister_many([ticket for _, ticket in not_started])
-                outcomes["not_run"] += len(not_started)
-                left -= len(not_started)
-                continue
-            left -= len(results)
-            outcomes.update(self._complete(results))
+        outcomes.update(self._end_turn(work, turn, waiting))
         return outcomes
 
-    def _next_results(
-        self, claimed: _Claimed, drains: list[tuple[str, int]]
-    ) -> list[tuple[Claim, RunResult, Ticket | None]] | None:
-        """The results to complete together: everything finished within COMPLETE_BATCH_SECONDS of the first one (or
-        at once when nothing else runs). None when claims are left that no pool thread will start."""
-        with claimed.cond:
-            while True:
-                if claimed.results:
-                    assert claimed.first_result_at is not None
-                    waited = time.monotonic() - claimed.first_result_at
-                    idle = not claimed.todo and self._drains_finished(drains)
-                    if waited >= COMPLETE_BATCH_SECONDS or idle:
-                        results, claimed.results, claimed.first_result_at = claimed.results, [], None
-                        return results
-                    claimed.cond.wait(COMPLETE_BATCH_SECONDS - waited)
-                    continue
-                if claimed.todo and self._drains_finished(drains):
-                    return None
-                claimed.cond.wait(0.25)
+    # --- the pool ------------------------------------------------------------------------------------------------
 
-    def _drains_finished(self, drains: list[tuple[str, int]]) -> bool:
-        return all(self.timer.state(task_id) in ("completed", "failed", "cancelled", None) for task_id in drains)
-
-    def _drain(self, claimed: _Claimed, _pool_cancel: threading.Event) -> None:
-        """A pool thread's share of the envelope: the next claim's handler until none is left."""
-        close_old_connections()
-        self._remember_connection()
-        while (entry := claimed.take()) is not None:
-            claim, ticket = entry
+    def _add_drains(self, work: _Work, token: str, worker_name: str) -> bool:
+        """Start as many pool tasks on the envelope as its tenant has free slots for; False if the pool is closed."""
+        with work.cond:
+            if not work.todo:
+                return True
+            waiting = sum(1 for started in work.drains.values() if not started)
+            wanted = min(len(work.todo), self.share.free(work.tenant)) - waiting
+        for _ in range(wanted):
+            task_id = (token, next(self._drain_ids))
+            with work.cond:
+                work.drains[task_id] = False
             try:
-                verdict = None
-                if time.monotonic() - claimed.prechecked_at > PRECHECK_FRESH_SECONDS:
-                    verdict = worker.precheck(claim)
-                result = verdict or worker.run_handler(claim, ticket.cancel_event, ticket)
-            except DatabaseError:
-                logger.exception(
-                    "database error before the handler of occurrence %s",
-                    claim.occurrence_id,
-                    extra={"action": "occurrence_db_error", "occurrence_id": str(claim.occurrence_id)},
-                )
-                connection.close()
-                result = NOT_RUN
-            except Exception:
-                # A bug, not an outage: the occurrence keeps its lease until it expires; the reaper retries it.
-                logger.exception(
-                    "error running occurrence %s",
-                    claim.occurrence_id,
-                    extra={"action": "occurrence_error", "occurrence_id": str(claim.occurrence_id)},
-                )
-                result = FAILED_TO_RUN
-            claimed.put(claim, result, ticket)
+                self.timer.schedule(task_id, time.monotonic(), 0, partial(self._drain, work, task_id, worker_name))
+            except TimerClosed:
+                work.drain_ended(task_id)
+                return False
+        return True
+
+    def _next_results(self, work: _Work, turn_ends: float) -> list[tuple[Claim, RunResult, Ticket | None]]:
+        """The results to complete together: everything finished within COMPLETE_BATCH_SECONDS of the first one (or
+        at once when nothing else runs). Empty when none came within POLL_SECONDS, so the caller can look at its
+        turn (start pool tasks for slots freed meanwhile, go on without slow handlers)."""
+        with work.cond:
+            while True:
+                now = time.monotonic()
+                if work.results:
+                    assert work.first_result_at is not None
+                    waited = now - work.first_result_at
+                    idle = not work.todo and not work.running
+                    if waited >= COMPLETE_BATCH_SECONDS or idle or now >= turn_ends:
+                        results, work.results, work.first_result_at = work.results, [], None
+                        return results
+                    work.cond.wait(COMPLETE_BATCH_SECONDS - waited)
+                    continue
+                if work.finished() or now >= turn_ends:
+                    return []
+                work.cond.wait(min(POLL_SECONDS, turn_ends - now))
+                if not work.results:
+                    return []
+
+    def _drain(self, work: _Work, task_id: tuple[str, int], worker_name: str, _pool_cancel: threading.Event) -> None:
+        """A pool thread's share of the envelope: while it holds one of the tenant's slots, the next occurrence
+        until none is left."""
+        slot = self.share.acquire(work.tenant)
+        work.drain_started(task_id, holding=slot is not None)
+        try:
+            if slot is None:
+                return  # the tenant's share is full: the envelope's loop starts another task when a slot frees
+            close_old_connections()
+            self._remember_connection()
+            while (entry := work.take()) is not None:
+                slot.begin(time.monotonic())
+                try:
+                    if entry.claim is not None:
+                        self._run_claim(work, entry.claim, entry.ticket)
+                    else:
+                        assert entry.pair is not None
+                        work.alone_done(self._run_alone(work, *entry.pair, worker_name))
+                finally:
+                    slot.end()
+        finally:
+            if slot is not None:
+                self.share.release(slot)
+            work.drain_ended(task_id, holding=slot is not None)
+
+    def _run_claim(self, work: _Work, claim: Claim, ticket: Ticket | None) -> None:
+        assert ticket is not None
+        count_started(claim)
+        try:
+            verdict = None
+            if time.monotonic() - work.prechecked_at > PRECHECK_FRESH_SECONDS:
+                verdict = worker.precheck(claim)
+            result = verdict or worker.run_handler(claim, ticket.cancel_event, ticket)
+        except DatabaseError:
+            logger.exception(
+                "database error before the handler of occurrence %s",
+                claim.occurrence_id,
+                extra={"action": "occurrence_db_error", "occurrence_id": str(claim.occurrence_id)},
+            )
+            connection.close()
+            result = NOT_RUN
+        except Exception:
+            # A bug, not an outage: the occurrence keeps its lease until it expires; the reaper retries it.
+            logger.exception(
+                "error running occurrence %s",
+                claim.occurrence_id,
+                extra={"action": "occurrence_error", "occurrence_id": str(claim.occurrence_id)},
+            )
+            result = FAILED_TO_RUN
+        if not work.put(claim, result, ticket):
+            # The envelope's turn ended while this handler ran: its result is completed here, on its own.
+            self._complete([(claim, result, ticket)])
+
+    def _run_alone(self, work: _Work, occurrence_id: uuid.UUID, scheduled_for: datetime, worker_name: str) -> str:
+        try:
+            return worker.process_occurrence(occurrence_id, scheduled_for, worker_name, on_claimed=work.claim_decided)
+        except DatabaseError:
+            logger.exception(
+                "database error processing occurrence %s",
+                occurrence_id,
+                extra={"action": "occurrence_db_error", "occurrence_id": str(occurrence_id)},
+            )
+            connection.close()
+            return "db_error"
+        except Exception:
+            # A bug, not an outage: redelivering would fail the same way; the reconciler reports the occurrence.
+            logger.exception(
+                "error processing occurrence %s",
+                occurrence_id,
+                extra={"action": "occurrence_error", "occurrence_id": str(occurrence_id)},
+            )
+            return "error"
 
     def _complete(self, results: list[tuple[Claim, RunResult, Ticket | None]]) -> Counter[str]:
         outcomes: Counter[str] = Counter()
@@ -232,62 +395,53 @@ class EnvelopeRunner:
             outcomes["db_error"] += len(finished)
         return outcomes
 
-    # --- one by one ----------------------------------------------------------------------------------------------
+    # --- the end of a turn ---------------------------------------------------------------------------------------
 
-    def _start_alone(self, token: str, pairs: list[tuple[uuid.UUID, datetime]], worker_name: str) -> _Alone:
-        alone = _Alone([(token, index) for index in range(len(pairs))])
-        for index, (occurrence_id, scheduled_for) in enumerate(pairs):
-            task_id = (token, index)
-            run = partial(self._run_one, alone, task_id, occurrence_id, scheduled_for, worker_name)
-            try:
-                # Due now; equal times run in envelope order (the timer's submission sequence).
-                self.timer.schedule(task_id, time.monotonic(), 0, run)
-            except TimerClosed:
-                alone.done(task_id, "not_run")
-        return alone
+    def _end_turn(self, work: _Work, turn: float, waiting: str | None) -> Counter[str]:
+        """Hand back what has not started, leave what runs to finish on the pool, and let the task return.
 
-    def _wait_alone(self, alone: _Alone) -> Counter[str]:
-        with alone.cond:
-            while alone.pending:
-                if not alone.cond.wait(timeout=1.0):
-                    # A closing timer cancels what it has not started; those will never report back.
-                    for task_id in list(alone.pending):
-                        if self.timer.state(task_id) == "cancelled":
-                            alone.pending.discard(task_id)
-                            alone.outcomes["not_run"] += 1
-        return alone.outcomes
-
-    def _run_one(
-        self,
-        alone: _Alone,
-        task_id: tuple[str, int],
-        occurrence_id: uuid.UUID,
-        scheduled_for: datetime,
-        worker_name: str,
-        cancel_event: threading.Event,
-    ) -> None:
-        outcome = "error"
+        One-by-one deliveries still deciding their claim are waited for (a claim that failed would have nobody
+        left to hand its message back). Unstarted work goes back due at once, behind whatever other tenants have
+        queued; when none of it could start here (`waiting` says why), after a recheck delay instead, as its
+        tenant's next envelope would be parked at claim.
+        """
+        outcomes: Counter[str] = Counter()
+        with work.cond:
+            while work.claiming:
+                work.cond.wait(0.25)
+            unstarted, work.todo = list(work.todo), deque()
+            results, work.results = work.results, []
+            work.detached = True
+            running = work.running
+            outcomes.update(work.alone_outcomes)
+            pending = [task_id for task_id, started in work.drains.items() if not started]
+        for task_id in pending:
+            self.timer.cancel(task_id)
+        if results:
+            outcomes.update(self._complete(results))
+        claims = [entry.claim for entry in unstarted if entry.claim is not None]
+        lease_renewer().unregister_many([entry.ticket for entry in unstarted if entry.ticket is not None])
+        unclaimed = [entry.pair for entry in unstarted if entry.pair is not None]
+        if waiting:
+            reason, delay = f"waiting for the worker pool: {waiting}", recheck_delay(0.0)
+        else:
+            reason, delay = f"handed back: not started within the envelope's {turn:g} s turn on the worker", 0.0
         try:
-            close_old_connections()
-            self._remember_connection()
-            outcome = worker.process_occurrence(occurrence_id, scheduled_for, worker_name, cancel_event)
+            handed = hand_back(claims, unclaimed, reason=reason, delay=delay) if unstarted else 0
         except DatabaseError:
-            logger.exception(
-                "database error processing occurrence %s",
-                occurrence_id,
-                extra={"action": "occurrence_db_error", "occurrence_id": str(occurrence_id)},
-            )
-            outcome = "db_error"
+            # The claims stay running under leases nobody renews (the reaper retries them); the message goes back
+            # to the broker for the deliveries never claimed.
+            logger.exception("database error handing back an envelope", extra={"action": "occurrence_db_error"})
             connection.close()
-        except Exception:
-            # A bug, not an outage: redelivering would fail the same way; the reconciler reports the occurrence.
-            logger.exception(
-                "error processing occurrence %s",
-                occurrence_id,
-                extra={"action": "occurrence_error", "occurrence_id": str(occurrence_id)},
-            )
-        finally:
-            alone.done(task_id, outcome)
+            outcomes["not_run"] += len(unstarted)
+        else:
+            if handed:
+                outcomes["handed_back"] += handed
+            if len(unstarted) > handed:
+                outcomes["dropped"] += len(unstarted) - handed  # ended or claimed elsewhere meanwhile
+        if running:
+            outcomes["detached"] += running
+        return outcomes
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
 

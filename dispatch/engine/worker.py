@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -339,9 +340,16 @@ def process_occurrence(
     scheduled_for: datetime,
     worker_name: str,
     cancel_event: threading.Event | None = None,
+    on_claimed: Callable[[], None] | None = None,
 ) -> str:
-    """Claim, run and complete one delivered occurrence; returns its outcome ("dropped" when not claimed)."""
-    outcome = try_claim(occurrence_id, scheduled_for, worker_name)
+    """Claim, run and complete one delivered occurrence; returns its outcome ("dropped" when not claimed).
+    `on_claimed` is told when the claim is decided, either way (the envelope runner waits for that before it lets
+    the rest run on without it)."""
+    try:
+        outcome = try_claim(occurrence_id, scheduled_for, worker_name)
+    finally:
+        if on_claimed is not None:
+            on_claimed()
     if isinstance(outcome, Drop):
         return "dropped"
     crash_point("worker.after_claim")

@@ -3,6 +3,11 @@
 The receiver gets `Idempotency-Key: <occurrence_id>`, the same on every retry, failover and replay: at-least-once
 delivery becomes one business effect only where the receiver deduplicates on it (seed 000).
 
+`timeout_seconds` is a deadline for the whole call (connect, sending, the status line, the headers and the body),
+and the worker's cancel event ends a call in flight at once (dispatch/handlers/http_call.py). A call that did not
+complete is never a success: a deadline, a connection cut mid-answer or a malformed answer is a transient error
+(retried within max attempts and the occurrence deadline), a cancel is a cancel.
+
 A tenant chooses the URL, so the handler refuses loopback, private, link-local (cloud metadata) and reserved
 addresses unless the operator sets SCHEDULER_WEBHOOK_ALLOW_PRIVATE=1. The check is made on the resolved address, and
 the connection goes to exactly that address (the Host header and TLS name stay the URL's), so a DNS answer that
@@ -11,14 +16,11 @@ changes between the check and the connect (rebinding) cannot reach an address th
 
 from __future__ import annotations
 
-import functools
 import http.client
 import ipaddress
 import json
 import logging
 import socket
-import urllib.error
-import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,6 +28,7 @@ from django.conf import settings
 
 from dispatch.errors import CanceledError, PermanentError, TransientError
 from dispatch.handlers import handler
+from dispatch.handlers.http_call import Budget, CallCanceled, DeadlinePassed, request
 from dispatch.identity import utc_key
 
 logger = logging.getLogger(__name__)
@@ -36,62 +39,8 @@ MAX_TIMEOUT_SECONDS = 60.0
 CONTROL_KEYS = ("url", "timeout_seconds")
 # 408 and 429 are the receiver asking to come back later; every other 4xx will fail the same way again.
 RETRYABLE_4XX = frozenset({408, 429})
-# Enough of an error response to tell what went wrong, without reading an unbounded body.
+# Enough of an error response to tell what went wrong.
 ERROR_BODY_BYTES = 500
-
-
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """urllib would turn a redirected POST into a GET without body and send it to wherever the target points."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl) -> None:
-        return None
-
-
-class _PinnedHTTPConnection(http.client.HTTPConnection):
-    """Connects to the address that was checked, whatever the host name resolves to now."""
-
-    def __init__(self, *args: Any, pinned_ip: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.pinned_ip = pinned_ip
-
-    def connect(self) -> None:
-        self.sock = socket.create_connection((self.pinned_ip, self.port), self.timeout)
-
-
-class _PinnedHTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, *args: Any, pinned_ip: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.pinned_ip = pinned_ip
-
-    def connect(self) -> None:
-        sock = socket.create_connection((self.pinned_ip, self.port), self.timeout)
-        # The certificate is checked against the URL's host name, not the address.
-        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
-
-
-class _PinnedHTTPHandler(urllib.request.HTTPHandler):
-    def __init__(self, pinned_ip: str) -> None:
-        super().__init__()
-        self.pinned_ip = pinned_ip
-
-    def http_open(self, req: urllib.request.Request) -> Any:
-        return self.do_open(functools.partial(_PinnedHTTPConnection, pinned_ip=self.pinned_ip), req)
-
-
-class _PinnedHTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, pinned_ip: str) -> None:
-        super().__init__()
-        self.pinned_ip = pinned_ip
-
-    def https_open(self, req: urllib.request.Request) -> Any:
-        return self.do_open(functools.partial(_PinnedHTTPSConnection, pinned_ip=self.pinned_ip), req)
-
-
-def _opener_for(pinned_ip: str) -> urllib.request.OpenerDirector:
-    # No proxy from the environment: the connection must go to the checked address itself.
-    return urllib.request.build_opener(
-        urllib.request.ProxyHandler({}), _NoRedirects, _PinnedHTTPHandler(pinned_ip), _PinnedHTTPSHandler(pinned_ip)
-    )
 
 
 def _forbidden(address: str) -> bool:
@@ -136,38 +85,45 @@ def webhook(context: Any) -> None:
         timeout = max(0.1, min(timeout, seconds_left()))
     if context.cancel_event.is_set():
         raise CanceledError("canceled before the request was sent")
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(),
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "Idempotency-Key": str(context.occurrence_id),
-            "X-Scheduled-For": utc_key(context.scheduled_for),
-            "X-Attempt": str(context.attempt),
-            "User-Agent": "scheduler-webhook/1",
-        },
-    )
-    opener = _opener_for(_checked_address(url))
+    budget = Budget(timeout, context.cancel_event)
+    parts = urlsplit(url)
     try:
-        with opener.open(request, timeout=timeout) as response:
-            status = response.status
-    except urllib.error.HTTPError as exc:
-        _raise_for_status(exc)
-    except TimeoutError as exc:
-        raise TransientError(f"POST {url} timed out after {timeout:.1f}s") from exc
-    except urllib.error.URLError as exc:
-        # Connection refused, DNS failure, TLS handshake, or a timeout wrapped by urllib: all may pass.
-        raise TransientError(f"POST {url} failed: {exc.reason}") from exc
+        answer = request(
+            scheme=parts.scheme,
+            host=parts.hostname or "",
+            port=parts.port or (443 if parts.scheme == "https" else 80),
+            address=_checked_address(url),
+            method="POST",
+            target=(parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+            body=json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(),
+            headers={
+                "Content-Type": "application/json",
+                "Idempotency-Key": str(context.occurrence_id),
+                "X-Scheduled-For": utc_key(context.scheduled_for),
+                "X-Attempt": str(context.attempt),
+                "User-Agent": "scheduler-webhook/1",
+            },
+            budget=budget,
+            keep_body=ERROR_BODY_BYTES,
+        )
+    except DeadlinePassed:
+        raise TransientError(
+            f"POST {url} timed out: no complete answer within {timeout:.1f} s (timeout_seconds, the whole call)"
+        ) from None
+    except CallCanceled:
+        raise CanceledError(f"POST {url} canceled after {budget.elapsed():.1f} s by the worker") from None
+    except http.client.HTTPException as exc:
+        # A status line or headers malformed, or the connection closed before the answer was whole.
+        problem = f"{type(exc).__name__}: {exc}"
+        raise TransientError(f"POST {url} failed: incomplete or malformed answer ({problem})") from exc
     except OSError as exc:
-        # Connection reset or closed mid-response.
+        # Connection refused or reset, a TLS failure.
         raise TransientError(f"POST {url} failed: {exc}") from exc
-    if not 200 <= status < 300:
-        raise PermanentError(f"POST {url} answered {status}")
+    _raise_for_status(url, answer.status, answer.body_head, answer.headers.get("Retry-After"))
     logger.info(
         "webhook %s answered %d for occurrence %s",
         url,
-        status,
+        answer.status,
         context.occurrence_id,
         extra={"action": "webhook", "occurrence_id": str(context.occurrence_id)},
     )
@@ -179,27 +135,28 @@ def _target(url: Any) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise PermanentError(f"payload.url must be an http or https URL, got {url[:200]!r}")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError as exc:
+        raise PermanentError(f"payload.url has a bad port: {exc}") from None
     return url
 
 
 def _timeout(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0 or value != value:
         raise PermanentError(f"payload.timeout_seconds must be a positive number, got {value!r}")
     return min(float(value), MAX_TIMEOUT_SECONDS)
 
 
-def _raise_for_status(exc: urllib.error.HTTPError) -> None:
-    status = exc.code
-    try:
-        detail = exc.read(ERROR_BODY_BYTES).decode(errors="replace")
-    except OSError:
-        detail = ""
-    finally:
-        exc.close()
-    message = f"POST {exc.url} answered {status}: {detail}".strip()
+def _raise_for_status(url: str, status: int, body_head: bytes, retry_after: str | None) -> None:
+    """2xx is the success; redirects are not followed (a redirected POST would go wherever the target points)."""
+    if 200 <= status < 300:
+        return
+    detail = body_head.decode(errors="replace")
+    message = f"POST {url} answered {status}: {detail}".strip()
     if status >= 500 or status in RETRYABLE_4XX:
-        raise TransientError(message, retry_after=_retry_after(exc.headers.get("Retry-After"))) from None
-    raise PermanentError(message) from None
+        raise TransientError(message, retry_after=_retry_after(retry_after))
+    raise PermanentError(message)
 
 
 def _retry_after(value: str | None) -> float | None:

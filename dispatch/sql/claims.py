@@ -252,6 +252,80 @@ JOIN dispatch_occurrence AS o ON o.occurrence_id = mine.occurrence_id AND o.sche
 JOIN schedules_schedule AS s ON s.id = o.schedule_id
 """
 
+# --- the worker pool's share per tenant (dispatch/engine/pool_share.py) ----------------------------------------
+
+# Parking at claim, for many rows the claim already holds: the tenant's share of this process's pool is held by
+# slow handlers, so these wait in retry_wait, attempts untouched, for their own envelope at `available_at` (as a
+# claim over max_running waits). Each row only if still as observed, like TRANSITION.
+PARK_MANY = """
+UPDATE dispatch_occurrence AS o
+SET state = 'retry_wait', finished_at = NULL, available_at = %(available_at)s, lease_expires_at = NULL,
+    state_reason = %(reason)s
+FROM unnest(%(occurrence_ids)s::uuid[], %(scheduled_fors)s::timestamptz[], %(states)s::text[],
+            %(attempt_counts)s::int[]) AS mine(occurrence_id, scheduled_for, state, attempt_count)
+WHERE o.occurrence_id = mine.occurrence_id AND o.scheduled_for = mine.scheduled_for
+  AND o.state = mine.state AND o.attempt_count = mine.attempt_count
+RETURNING o.occurrence_id, o.scheduled_for, o.tenant_id, o.lane, o.priority, o.available_at
+"""
+
+# Handing back claims whose handlers never started (the envelope's turn on the worker ended first): each goes back to
+# retry_wait with the generation it had before the claim and its attempt deleted, in one transaction, as a claim
+# over the quota is undone (UNCLAIM_MANY): the attempt count is untouched, and the next claim takes the same
+# generation again. Fenced on the claim's own generation, still running (nothing else can have taken a live lease).
+# Locked in primary-key order, like every statement that changes many occurrences; the held state comes in as a
+# column for the reason given at COMPLETE_MANY. The instant is the statement's, not clock_timestamp(): one instant for
+# every row, so they leave in one envelope (the subquery may be evaluated again for each row of the join).
+HAND_BACK_CLAIMS = """
+WITH mine AS (
+    SELECT * FROM unnest(%(occurrence_ids)s::uuid[], %(scheduled_fors)s::timestamptz[], %(generations)s::int[],
+                         %(held_states)s::text[]) AS m(occurrence_id, scheduled_for, generation, held_state)
+), locked AS (
+    SELECT o.occurrence_id, o.scheduled_for FROM dispatch_occurrence AS o
+    JOIN mine ON o.occurrence_id = mine.occurrence_id AND o.scheduled_for = mine.scheduled_for
+    ORDER BY o.occurrence_id, o.scheduled_for
+    FOR UPDATE OF o
+), moved AS (
+    UPDATE dispatch_occurrence AS o
+    SET state = 'retry_wait', attempt_count = o.attempt_count - 1, lease_expires_at = NULL, finished_at = NULL,
+        available_at = n.now + make_interval(secs => %(delay)s), state_reason = %(reason)s
+    FROM mine
+    JOIN locked ON locked.occurrence_id = mine.occurrence_id AND locked.scheduled_for = mine.scheduled_for,
+         (SELECT COALESCE(%(now)s::timestamptz, statement_timestamp()) AS now) AS n
+    WHERE o.occurrence_id = mine.occurrence_id AND o.scheduled_for = mine.scheduled_for
+      AND o.state = mine.held_state AND o.attempt_count = mine.generation
+    RETURNING o.occurrence_id, o.scheduled_for, o.tenant_id, o.lane, o.priority, o.available_at, mine.generation
+), forgotten AS (
+    DELETE FROM dispatch_attempt AS a USING moved AS m
+    WHERE a.occurrence_id = m.occurrence_id AND a.scheduled_for = m.scheduled_for AND a.generation = m.generation
+)
+SELECT occurrence_id, scheduled_for, tenant_id, lane, priority, available_at FROM moved
+"""
+
+# Handing back occurrences this worker never claimed (the ones an envelope leaves to try_claim: overlap policies
+# other than allow, rows another transaction held): a first delivery or a due retry goes to retry_wait, attempts
+# untouched, with its own envelope. A retry not yet due is an early duplicate (its own envelope will come), and
+# anything claimed or ended meanwhile is not this delivery's: both are left alone. The lock is waited for here, as
+# try_claim waits for it.
+HAND_BACK_UNCLAIMED = """
+WITH n AS (SELECT COALESCE(%(now)s::timestamptz, statement_timestamp()) AS now),
+locked AS (
+    SELECT o.occurrence_id, o.scheduled_for FROM dispatch_occurrence AS o
+    JOIN unnest(%(occurrence_ids)s::uuid[], %(scheduled_fors)s::timestamptz[]) AS u(occurrence_id, scheduled_for)
+      ON o.occurrence_id = u.occurrence_id AND o.scheduled_for = u.scheduled_for
+    WHERE o.state IN ('scheduled', 'enqueued', 'retry_wait')
+    ORDER BY o.occurrence_id, o.scheduled_for
+    FOR UPDATE OF o
+)
+UPDATE dispatch_occurrence AS o
+SET state = 'retry_wait', finished_at = NULL, lease_expires_at = NULL, state_reason = %(reason)s,
+    available_at = n.now + make_interval(secs => %(delay)s)
+FROM locked, n
+WHERE o.occurrence_id = locked.occurrence_id AND o.scheduled_for = locked.scheduled_for
+  AND (o.state IN ('scheduled', 'enqueued')
+       OR (o.state = 'retry_wait' AND o.available_at <= n.now + make_interval(secs => %(early_tolerance)s)))
+RETURNING o.occurrence_id, o.scheduled_for, o.tenant_id, o.lane, o.priority, o.available_at
+"""
+
 # --- completion ------------------------------------------------------------------------------------------------
 
 # A transient failure is about to become a retry: lock the row while this generation still owns it, so the deadline

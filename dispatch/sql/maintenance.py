@@ -139,3 +139,24 @@ WHERE o.scheduled_for >= %(since)s AND o.scheduled_for < %(until)s
 ORDER BY o.scheduled_for, o.occurrence_id
 LIMIT %(limit)s
 """
+
+# `replay --stuck` re-drives what it found: each occurrence still unfinished is marked forced, as a DLQ replay marks
+# it, so the claim runs it however late it now is (the misfire rule exempts forced fires) and under its own version;
+# a canceled schedule still withdraws it. Only the flag changes: the state stays the claim's to decide. Rows that
+# ended meanwhile are left out, and get no envelope. Locked in primary-key order, like every statement that changes
+# many occurrences (dispatch/sql/__init__.py).
+FORCE_STUCK = """
+WITH locked AS (
+    SELECT o.occurrence_id, o.scheduled_for FROM dispatch_occurrence AS o
+    JOIN unnest(%(occurrence_ids)s::uuid[], %(scheduled_fors)s::timestamptz[]) AS u(occurrence_id, scheduled_for)
+      ON o.occurrence_id = u.occurrence_id AND o.scheduled_for = u.scheduled_for
+    WHERE o.state IN ('scheduled', 'enqueued', 'running', 'retry_wait')
+    ORDER BY o.occurrence_id, o.scheduled_for
+    FOR UPDATE OF o
+)
+UPDATE dispatch_occurrence AS o SET forced = true
+FROM locked
+WHERE o.occurrence_id = locked.occurrence_id AND o.scheduled_for = locked.scheduled_for
+  AND o.state IN ('scheduled', 'enqueued', 'running', 'retry_wait')
+RETURNING o.occurrence_id
+"""

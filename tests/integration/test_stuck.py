@@ -12,9 +12,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from dispatch.engine.worker import Claim, complete, run_claimed, try_claim
-from dispatch.models import OccurrenceState, OutboxMessage
+from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
 from dispatch.reconcile import reconcile
 from schedules.clock import db_now
+from tests.handlers import effects, ensure_effects_table
+from tests.integration.fleet import running_fleet, wait_for
 
 STUCK_AFTER = 900
 
@@ -27,8 +29,8 @@ def now():
 @pytest.fixture
 def mixed(tenant_a, make_schedule, make_occurrence, now):
     """One occurrence stuck in each way the contract names, and one healthy neighbour for each."""
-    # An hour late is within this schedule's max lateness, so a re-driven fire runs instead of ending missed.
-    schedule = make_schedule(tenant_a.tenant, name="mixed", max_lateness_seconds=2 * 3600)
+    # The default misfire policy (skip, 60 s of lateness): a re-driven fire runs all the same.
+    schedule = make_schedule(tenant_a.tenant, name="mixed")
     old = now - timedelta(hours=1)
     fresh = now - timedelta(minutes=1)
     stuck = {
@@ -151,6 +153,36 @@ def test_a_republished_stuck_occurrence_runs_once_and_a_second_delivery_is_dropp
     assert complete(claimed, run_claimed(claimed, renew_lease=False)) == OccurrenceState.SUCCEEDED
     again = try_claim(occurrence.occurrence_id, occurrence.scheduled_for, "stuck-worker")
     assert not isinstance(again, Claim) and again.reason == "terminal"
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_stuck_fire_of_a_default_policy_schedule_re_driven_by_the_command_runs_on_a_real_worker(
+    tenant_a, make_schedule, make_occurrence
+):
+    ensure_effects_table()
+    schedule = make_schedule(tenant_a.tenant, name="stuck-default", handler="effect")
+    assert (schedule.misfire_policy, schedule.max_lateness_seconds) == ("skip", 60), "the defaults"
+    # Published an hour ago and lost (say a queue deleted): far past max_lateness when it is re-driven.
+    stuck = make_occurrence(schedule, at=db_now() - timedelta(hours=1), state=OccurrenceState.ENQUEUED)
+
+    def state() -> str:
+        return Occurrence.objects.get(pk=stuck.pk).state
+
+    with running_fleet("stuck") as fleet:
+        fleet.relay()
+        fleet.worker()
+        fleet.wait_consuming()
+        replayed = fleet.manage("replay", "--stuck")
+        assert replayed.returncode == 0, replayed.stderr
+        assert "Re-published 1 stuck occurrences (enqueued 1)" in replayed.stdout
+        wait_for(lambda: state() != OccurrenceState.ENQUEUED, 60, "the worker to take the re-driven fire")
+
+    assert state() == OccurrenceState.SUCCEEDED, Occurrence.objects.get(pk=stuck.pk).state_reason
+    assert effects() == {stuck.occurrence_id: 1}
+    assert list(Attempt.objects.filter(occurrence_id=stuck.occurrence_id).values_list("outcome", flat=True)) == [
+        "succeeded"
+    ]
 
 
 def test_replay_stuck_refuses_flags_that_do_not_go_with_it(db):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -15,11 +17,12 @@ from typing import Any
 
 import pytest
 
-import dispatch.handlers.webhook  # noqa: F401 - registers the "webhook" handler
+import dispatch.handlers.webhook as webhook_module  # registers the "webhook" handler
 from dispatch.engine.worker import Claim, complete, run_claimed, try_claim
 from dispatch.identity import utc_key
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 from schedules.clock import db_now
+from tests.integration.slow_target import Exchange, SlowTarget, header_drip, slow_target
 
 BASE = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=5)
 
@@ -232,6 +235,122 @@ def test_an_absurd_timeout_is_capped_and_a_bad_one_refused(tenant, target, webho
     assert deliver(refused) == OccurrenceState.DEAD
 
 
+# --- the whole call under one deadline -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def slow(request) -> Iterator[SlowTarget]:
+    """A raw receiver running the script a test names (`@pytest.mark.parametrize("slow", [...], indirect=True)`)."""
+    yield from slow_target(request.param)
+
+
+def _status_then_cut(exchange: Exchange) -> bool:
+    exchange.send(b"HTTP/1.1 200 OK\r\nX-First: 1\r\n")
+    return False  # the connection closes mid-headers
+
+
+def _body_cut_short(exchange: Exchange) -> bool:
+    exchange.send(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+    return False
+
+
+def _chunked_body_cut_short(exchange: Exchange) -> bool:
+    exchange.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n20\r\n0123456789")
+    return False
+
+
+def _body_drip(exchange: Exchange) -> bool:
+    """Headers at once, then a 40-byte body one byte every 0.3 s (12 s in all)."""
+    return exchange.send(b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n") and exchange.drip([b"x"] * 40, 0.3)
+
+
+@pytest.mark.parametrize("slow", [header_drip(lines=30, every=0.3)], indirect=True, ids=["drip"])
+def test_a_target_that_drips_its_headers_is_cut_off_at_the_deadline_and_the_call_is_no_success(
+    tenant, slow, webhook_occurrence
+):
+    # Each line comes well within the timeout, so a per-read timeout never fires; the whole answer takes 9 s.
+    occurrence = webhook_occurrence(tenant, {"url": slow.url, "timeout_seconds": 1})
+
+    assert deliver(occurrence) == OccurrenceState.RETRY_WAIT
+
+    attempt = last_attempt(occurrence)
+    assert (attempt.outcome, attempt.error_class) == ("failed", "transient")
+    assert "timed out" in attempt.error and "within 1.0 s" in attempt.error
+    (exchange,) = slow.exchanges
+    wait_until(lambda: exchange.closed_at is not None)
+    assert not exchange.answered, "the caller hung up before the answer was whole"
+    assert exchange.sent_steps < 15, f"{exchange.sent_steps} lines of 31 were sent before the caller hung up"
+
+
+@pytest.mark.parametrize("slow", [_body_drip], indirect=True, ids=["drip"])
+def test_a_body_dripping_past_the_deadline_is_no_success(tenant, slow, webhook_occurrence):
+    occurrence = webhook_occurrence(tenant, {"url": slow.url, "timeout_seconds": 1})
+
+    assert deliver(occurrence) == OccurrenceState.RETRY_WAIT
+
+    assert "timed out" in last_attempt(occurrence).error
+    (exchange,) = slow.exchanges
+    wait_until(lambda: exchange.closed_at is not None)
+    assert not exchange.answered
+
+
+@pytest.mark.parametrize(
+    "slow",
+    [_status_then_cut, _body_cut_short, _chunked_body_cut_short],
+    indirect=True,
+    ids=["headers", "body", "chunk"],
+)
+def test_a_connection_cut_mid_answer_is_a_transient_error_not_a_success(tenant, slow, webhook_occurrence):
+    occurrence = webhook_occurrence(tenant, {"url": slow.url, "timeout_seconds": 5})
+
+    assert deliver(occurrence) == OccurrenceState.RETRY_WAIT
+
+    attempt = last_attempt(occurrence)
+    assert attempt.error_class == "transient"
+    assert "incomplete or malformed answer" in attempt.error
+
+
+@pytest.mark.parametrize("slow", [header_drip(lines=3, every=0.1)], indirect=True, ids=["drip"])
+def test_a_slow_answer_that_completes_within_the_deadline_succeeds(tenant, slow, webhook_occurrence):
+    occurrence = webhook_occurrence(tenant, {"url": slow.url, "timeout_seconds": 10})
+
+    assert deliver(occurrence) == OccurrenceState.SUCCEEDED
+    (exchange,) = slow.exchanges
+    assert exchange.answered
+    assert b"Idempotency-Key: " + str(occurrence.occurrence_id).encode() in exchange.request
+
+
+@pytest.mark.parametrize("slow", [header_drip(lines=60, every=0.2)], indirect=True, ids=["drip"])
+def test_the_cancel_event_ends_a_call_in_flight(tenant, slow, webhook_occurrence):
+    occurrence = webhook_occurrence(tenant, {"url": slow.url, "timeout_seconds": 30})
+    claimed = try_claim(occurrence.occurrence_id, occurrence.scheduled_for, "test-worker")
+    assert isinstance(claimed, Claim)
+    cancel = threading.Event()
+
+    def cancel_once_the_answer_has_begun() -> None:
+        wait_until(lambda: slow.exchanges and slow.exchanges[0].sent_steps >= 2)
+        cancel.set()
+
+    canceller = threading.Thread(target=cancel_once_the_answer_has_begun, daemon=True)
+    canceller.start()
+    result = run_claimed(claimed, cancel, renew_lease=False)
+    canceller.join(timeout=10)
+
+    # The worker raises the event for a lost lease or a passed handler deadline: a transient failure, retried.
+    assert (result.outcome, result.error_class) == ("failed", "transient")
+    assert "CanceledError" in result.error and "canceled after" in result.error
+    (exchange,) = slow.exchanges
+    wait_until(lambda: exchange.closed_at is not None)
+    assert exchange.sent_steps < 30, "ended when the event was raised, not when the target finished (61 steps)"
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
 # --- private targets (SSRF) -----------------------------------------------------------------------------------
 
 
@@ -261,20 +380,37 @@ def test_the_webhook_connects_to_the_address_it_checked_not_to_a_later_dns_answe
     """DNS rebinding: the first answer (checked) is public, a later one private; the connection uses the first."""
     import socket as socket_module
 
-    from dispatch.handlers import webhook as webhook_module
+    from dispatch.handlers import http_call
+    from dispatch.handlers.http_call import Budget
 
     settings.SCHEDULER_WEBHOOK_ALLOW_PRIVATE = False
-    answers = iter([[(socket_module.AF_INET, socket_module.SOCK_STREAM, 6, "", ("93.184.216.34", 80))]])
+    answers = iter(
+        [
+            [(socket_module.AF_INET, socket_module.SOCK_STREAM, 6, "", ("93.184.216.34", 80))],
+            [(socket_module.AF_INET, socket_module.SOCK_STREAM, 6, "", ("127.0.0.1", 80))],
+        ]
+    )
     monkeypatch.setattr(webhook_module.socket, "getaddrinfo", lambda *a, **k: next(answers))
     connected: list[tuple] = []
 
-    def record(address, *args, **kwargs):
-        connected.append(address)
-        raise OSError("no network in tests")
+    class NoNetwork(socket_module.socket):
+        def connect_ex(self, address):
+            connected.append(address)
+            return errno.ENETUNREACH
 
-    monkeypatch.setattr(webhook_module.socket, "create_connection", record)
+    monkeypatch.setattr(http_call.socket, "socket", NoNetwork)
     pinned = webhook_module._checked_address("http://rebinding.example/hook")
-    opener = webhook_module._opener_for(pinned)
     with pytest.raises(OSError):
-        opener.open("http://rebinding.example/hook", timeout=1)
+        http_call.request(
+            scheme="http",
+            host="rebinding.example",
+            port=80,
+            address=pinned,
+            method="POST",
+            target="/hook",
+            body=b"{}",
+            headers={},
+            budget=Budget(1, threading.Event()),
+            keep_body=0,
+        )
     assert connected == [("93.184.216.34", 80)]

@@ -283,8 +283,9 @@ def test_published_envelopes_run_each_occurrence_once_despite_duplicate_deliveri
     assert after['scheduler_live_processes{role="worker"}'] >= 2
 
 
+@pytest.mark.parametrize("task_returned", [False, True], ids=["while-its-task-waits", "after-its-task-returned"])
 def test_a_worker_killed_mid_handler_is_reaped_and_a_new_attempt_runs_with_one_effect(
-    tenant, start_worker, settings, occurrences_of
+    tenant, start_worker, settings, occurrences_of, task_returned
 ):
     settings.SCHEDULER_WORKER_LEASE_SECONDS = LEASE_SECONDS
     (occurrence,) = occurrences_of(tenant, count=1, handler="sleep", payload={"seconds": 3, "effect": True})
@@ -292,6 +293,10 @@ def test_a_worker_killed_mid_handler_is_reaped_and_a_new_attempt_runs_with_one_e
     first = start_worker()
     publish_outbox(envelope)
     wait_for(lambda: states([occurrence]) == {OccurrenceState.RUNNING}, 30, "the first attempt to start")
+    if task_returned:
+        # The task left the slow handler running under its lease and returned: the message is acknowledged, and
+        # only the lease brings the work back.
+        wait_for(lambda: "'detached': 1" in first.text(), 10, "the task to return")
 
     first.kill()
     # No heartbeat renews the lease any more; the reaper (run by the materializer) takes it back once it expires.
@@ -303,12 +308,15 @@ def test_a_worker_killed_mid_handler_is_reaped_and_a_new_attempt_runs_with_one_e
     ]
 
     second = start_worker()
-    # Two messages now reach the new worker: the original envelope, which RabbitMQ requeued when the dead
-    # worker's connection closed unacknowledged, and the reaper's new envelope, published here as the relay would.
+    # The reaper's new envelope, published here as the relay would. The original envelope may reach the new worker
+    # too: RabbitMQ requeues it if the worker died before its task returned (a task returns, and the message is
+    # acknowledged, once the handler is left running under its lease). Either way a late duplicate of it is
+    # published once the retry has succeeded, and is dropped.
     retry = OutboxMessage.objects.filter(occurrence_ids__contains=[occurrence.occurrence_id]).exclude(pk=envelope.pk)
     publish_outbox(retry.get())
     wait_for(lambda: states([occurrence]) == {OccurrenceState.SUCCEEDED}, 30, "the second attempt to succeed")
-    wait_for(lambda: "dropped delivery of occurrence" in second.text(), 15, "the second message to be dropped")
+    publish_outbox(envelope)
+    wait_for(lambda: "dropped delivery of occurrence" in second.text(), 15, "the duplicate to be dropped")
 
     occurrence.refresh_from_db()
     assert occurrence.attempt_count == 2

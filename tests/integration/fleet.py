@@ -1,0 +1,144 @@
+"""Real relays and Celery workers on queues of a test module's own, started and stopped as a supervisor would.
+
+Every process of one fleet uses the same lane queue names (the suite's, with a suffix), so the envelopes they write
+(retries, parked or yielded work) and the ones the test writes through `fleet.fire` meet the same relay and worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from amqp.exceptions import NotFound
+from django.conf import settings
+from kombu import Connection
+
+from dispatch.outbox import Fire
+from dispatch.queues import queue_for_lane
+from tests.integration.processes import ROOT, manage, process_env, run_manage
+
+
+class Fleet:
+    def __init__(self, suffix: str) -> None:
+        self.strict = f"{queue_for_lane('strict')}.{suffix}"
+        self.flexible = f"{queue_for_lane('flexible')}.{suffix}"
+        self.processes: list[tuple[subprocess.Popen, Path]] = []
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        return process_env(
+            SCHEDULER_STRICT_QUEUE=self.strict,
+            SCHEDULER_FLEXIBLE_QUEUE=self.flexible,
+            SCHEDULER_HANDLER_MODULES="tests.handlers",
+            PYTHONPATH=str(ROOT),
+            **overrides,
+        )
+
+    def fire(self, occurrence: Any) -> Fire:
+        """The outbox fire of an occurrence on this fleet's strict queue, due at its available_at."""
+        return Fire(
+            occurrence.occurrence_id,
+            occurrence.scheduled_for,
+            occurrence.tenant_id,
+            self.strict,
+            occurrence.available_at,
+            occurrence.priority,
+        )
+
+    def relay(self, **env: str) -> subprocess.Popen:
+        log = _log_file("relay")
+        with log.open("wb") as out:
+            process = manage(
+                "relay",
+                "--name",
+                f"fleet-relay-{uuid.uuid4().hex[:6]}",
+                env=self.env(**env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.processes.append((process, log))
+        return process
+
+    def worker(self, concurrency: int = 2, **env: str) -> subprocess.Popen:
+        """`celery -A scheduler_project worker -c <concurrency>` in a session of its own (its pool goes with it)."""
+        command = [sys.executable, "-m", "celery", "-A", "scheduler_project", "worker", "--pool=prefork"]
+        command += ["-c", str(concurrency), "--without-mingle", "--without-gossip", "--loglevel=INFO"]
+        command += ["-n", f"fleet-{uuid.uuid4().hex[:8]}@%h"]
+        log = _log_file("worker")
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                command, env=self.env(**env), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.processes.append((process, log))
+        return process
+
+    def manage(self, *args: str, **env: str) -> subprocess.CompletedProcess:
+        """A management command to completion, on this fleet's queues."""
+        return run_manage(*args, env=self.env(**env))
+
+    def wait_consuming(self, workers: int = 1) -> None:
+        wait_for(lambda: consumers(self.strict) >= workers, 60, "the workers to consume")
+
+    def purge(self) -> None:
+        """Delete the queues: the processes declare them again."""
+        with Connection(settings.CELERY_BROKER_URL) as conn:
+            for name in (self.strict, self.flexible):
+                conn.default_channel.queue_delete(name)
+
+    def stop(self) -> None:
+        for process, _ in self.processes:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    if os.getpgid(process.pid) == process.pid:
+                        os.killpg(process.pid, signal.SIGTERM)
+                    else:
+                        process.terminate()
+        for process, log in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL) if os.getpgid(process.pid) == process.pid else process.kill()
+                process.wait(timeout=10)
+            # Captured by pytest and shown only when the test failed.
+            print(f"--- tail of {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-200:]))
+            log.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def running_fleet(suffix: str) -> Iterator[Fleet]:
+    fleet = Fleet(suffix)
+    fleet.purge()
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+        fleet.purge()
+
+
+def consumers(queue: str) -> int:
+    with Connection(settings.CELERY_BROKER_URL) as conn:
+        try:
+            return conn.default_channel.queue_declare(queue=queue, durable=True, passive=True).consumer_count
+        except NotFound:
+            return 0
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _log_file(role: str) -> Path:
+    return Path(tempfile.mkstemp(prefix=f"fleet-{role}-", suffix=".log")[1])

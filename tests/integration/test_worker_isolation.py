@@ -1,0 +1,166 @@
+"""The envelope runner keeps each tenant within its share of the process's pool and each envelope within one turn
+of the process, on committed rows (its pool threads have connections of their own)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from dispatch import counters, tasks
+from dispatch.engine.envelope import EnvelopeRunner
+from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
+from schedules.clock import db_now
+from tests import handlers as test_handlers
+from tests.handlers import effects, ensure_effects_table
+from tests.integration.fleet import wait_for
+
+WORKER = "isolation-worker"
+BASE = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _stop_worker_threads() -> Iterator[None]:
+    """The lease renewer and the counters' flusher keep a thread (and a connection) per process."""
+    yield
+    tasks.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _tables(transactional_db) -> None:
+    ensure_effects_table()
+    test_handlers.ensure_windows_table()
+
+
+@pytest.fixture
+def runner() -> Iterator[EnvelopeRunner]:
+    """A pool of eight threads, half of them one tenant's share at most."""
+    pool = EnvelopeRunner(8, tenant_share=0.5)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def fires(make_schedule, make_occurrence) -> Callable[..., list[Occurrence]]:
+    """`count` enqueued occurrences a second apart, minutes ago, of a new schedule of `tenant`."""
+
+    def make(tenant, count: int, **fields: Any) -> list[Occurrence]:
+        schedule = make_schedule(tenant, name=f"iso-{uuid.uuid4().hex[:8]}", max_lateness_seconds=3600, **fields)
+        return [
+            make_occurrence(schedule, at=BASE + timedelta(seconds=n), state=OccurrenceState.ENQUEUED)
+            for n in range(count)
+        ]
+
+    return make
+
+
+def run(runner: EnvelopeRunner, occurrences: list[Occurrence]) -> dict[str, int]:
+    return dict(runner.run([(o.occurrence_id, o.scheduled_for) for o in occurrences], WORKER))
+
+
+def rows(occurrences: list[Occurrence]) -> list[Occurrence]:
+    return list(Occurrence.objects.filter(pk__in=[o.pk for o in occurrences]))
+
+
+def states(occurrences: list[Occurrence]) -> set[str]:
+    return {o.state for o in rows(occurrences)}
+
+
+def attempts(occurrences: list[Occurrence]) -> list[tuple[int, str]]:
+    found = Attempt.objects.filter(occurrence_id__in=[o.occurrence_id for o in occurrences])
+    return sorted(found.values_list("generation", "outcome"))
+
+
+def running_count(tenant) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT running FROM dispatch_tenant_running WHERE tenant_id = %s", [tenant.id])
+        row = cursor.fetchone()
+    return row[0] if row else 0
+
+
+def claims_counted() -> float:
+    return counters.stored_value("scheduler_worker_claims")
+
+
+def test_a_tenants_handlers_never_hold_more_than_its_share_of_the_threads(tenant_a, fires, settings):
+    settings.SCHEDULER_ENVELOPE_SLICE_SECONDS = 60  # every handler starts within the envelope's turn
+    pool = EnvelopeRunner(8, tenant_share=0.25)
+    try:
+        occurrences = fires(tenant_a.tenant, 10, handler="timed", payload={"seconds": 0.2})
+
+        outcomes = run(pool, occurrences)
+        wait_for(lambda: states(occurrences) == {OccurrenceState.SUCCEEDED}, 15, "every handler to complete")
+    finally:
+        pool.close()
+
+    # The last ones may be left to complete themselves once nothing else is left to start (slow handlers).
+    assert outcomes.get(OccurrenceState.SUCCEEDED, 0) + outcomes.get("detached", 0) == 10, outcomes
+
+    assert test_handlers.peak_concurrency() == 2, "two of eight threads, never more, and no fewer"
+    assert attempts(occurrences) == [(1, "succeeded")] * 10
+
+
+def test_at_the_end_of_its_turn_an_envelope_hands_back_what_has_not_started_and_leaves_the_rest_running(
+    tenant_a, fires, runner, settings
+):
+    settings.SCHEDULER_ENVELOPE_SLICE_SECONDS = 0.5
+    occurrences = fires(tenant_a.tenant, 6, handler="sleep", payload={"seconds": 2, "effect": True})
+    claims_before = claims_counted()
+
+    assert run(runner, occurrences) == {"handed_back": 2, "detached": 4}
+
+    started = [o for o in rows(occurrences) if o.state == OccurrenceState.RUNNING]
+    handed = [o for o in rows(occurrences) if o.state == OccurrenceState.RETRY_WAIT]
+    assert (len(started), len(handed)) == (4, 2), "four ran on the tenant's share; the task returned without them"
+    # Handed back under their own ids, as if never claimed: no attempt, the generation the next claim takes unchanged.
+    assert {(o.attempt_count, o.state_reason) for o in handed} == {
+        (0, "handed back: not started within the envelope's 0.5 s turn on the worker")
+    }
+    assert attempts(handed) == []
+    (envelope,) = OutboxMessage.objects.filter(occurrence_ids__overlap=[o.occurrence_id for o in handed])
+    assert sorted(envelope.occurrence_ids) == sorted(o.occurrence_id for o in handed)
+    assert envelope.available_at <= db_now(), "due at once: behind what is queued, not after a wait"
+    assert claims_counted() - claims_before == 4, "a claim handed back unstarted is not counted"
+
+    # The handlers left running complete themselves, fenced and counted as ever.
+    wait_for(lambda: states(started) == {OccurrenceState.SUCCEEDED}, 15, "the detached handlers to complete")
+    assert running_count(tenant_a.tenant) == 0, "every running slot given back, the handed-back ones' too"
+    # Delivered again, they run under the generation they would have had (the task leaves them running: they
+    # are slow, and complete themselves).
+    assert run(runner, handed) == {"detached": 2}
+    wait_for(lambda: states(handed) == {OccurrenceState.SUCCEEDED}, 15, "the handed-back ones to run")
+    assert attempts(occurrences) == [(1, "succeeded")] * 6
+    assert effects() == {o.occurrence_id: 1 for o in occurrences}
+
+
+def test_a_tenant_whose_share_is_held_by_slow_handlers_is_parked_at_claim_while_another_tenant_runs(
+    tenant_a, tenant_b, fires, runner, settings
+):
+    settings.SCHEDULER_ENVELOPE_SLICE_SECONDS = 0.3
+    hanging = fires(tenant_a.tenant, 4, handler="sleep", payload={"seconds": 3})
+    assert run(runner, hanging) == {"detached": 4}
+    wait_for(lambda: runner.share.blocked(tenant_a.tenant.id, 0.3), 5, "the handlers to count as slow")
+
+    more = fires(tenant_a.tenant, 3, handler="effect")
+    other = fires(tenant_b.tenant, 3, handler="effect")
+    assert run(runner, more) == {"parked": 3}
+    assert run(runner, other) == {OccurrenceState.SUCCEEDED: 3}
+
+    assert states(hanging) == {OccurrenceState.RUNNING}, "tenant B ran while tenant A's handlers hung"
+    assert {(o.state, o.attempt_count, o.state_reason) for o in rows(more)} == {
+        (
+            OccurrenceState.RETRY_WAIT,
+            0,
+            "waiting for the worker pool: its share of the worker's pool (4 of 8 threads) is held by slow handlers",
+        )
+    }
+    assert attempts(more) == []
+    (envelope,) = OutboxMessage.objects.filter(occurrence_ids__overlap=[o.occurrence_id for o in more])
+    assert envelope.available_at > db_now(), "offered again after a recheck delay, not at once"
+    assert effects() == {o.occurrence_id: 1 for o in other}
+    wait_for(lambda: states(hanging) == {OccurrenceState.SUCCEEDED}, 15, "the slow handlers to end")
