@@ -27,6 +27,7 @@ from django.db import connection as django_connection
 from dispatch import counters
 from dispatch.engine.faults import crash_point
 from dispatch.engine.loop import Outage, StopFlag, default_process_name
+from dispatch.engine.settler import LAG_BUCKETS, Settler
 from dispatch.engine.timer import Claimed, PriorityTimer
 from dispatch.envelopes import message_headers, task_id_for
 from dispatch.queues import ALL_QUEUES, STRICT_QUEUE, queue_arguments
@@ -39,11 +40,8 @@ from dispatch.sql import quotas as quota_sql
 logger = logging.getLogger(__name__)
 
 ROLE = "relay"
-# How often settling runs while envelopes keep falling due (it always runs when nothing is due).
-SETTLE_EVERY_SECONDS = 1.0
-# The settle step's lag histograms share one set of buckets (dispatch/counters.py).
-_LAG_BUCKETS = {"bounds": list(counters.SCHEDULE_LAG.buckets), "les": counters.SCHEDULE_LAG.bucket_labels()}
-assert counters.SCHEDULE_LAG.buckets == counters.THROTTLED_LAG.buckets == counters.TENANT_SCHEDULE_LAG.buckets
+# The settle statement's parameters (tests settle by hand with them).
+_LAG_BUCKETS = LAG_BUCKETS
 
 
 def database_conninfo() -> str:
@@ -135,8 +133,8 @@ class Relay:
         self._broker: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
         self._queues_declared = False
-        self._last_settle = 0.0
         self._next_heartbeat = 0.0
+        self.settler = Settler(self.name, self.conninfo, most=self.settle_batch, stats=self.stats)
 
     # --- connections -------------------------------------------------------------------------------------------
 
@@ -188,6 +186,7 @@ class Relay:
             await self.channel.declare_queue(queue, durable=True, arguments=arguments)
 
     async def close(self) -> None:
+        await self.settler.close()
         if self._broker is not None:
             await self._broker.close()
         if self._db is not None:
@@ -196,23 +195,18 @@ class Relay:
     # --- steps -------------------------------------------------------------------------------------------------
 
     async def step(self) -> bool:
-        """Publish what is due, then settle a bounded batch of published envelopes. True if anything was done.
+        """Publish what is due; True if anything was claimed. Settling runs beside it (dispatch/engine/settler.py).
 
-        Settling only when nothing was due would starve it under continuous traffic (the outbox would grow and
-        enqueued_at stay empty exactly under load), so it also runs once a second while publishing. Raises
-        PublishFailed when envelopes were due and none could be published, so the loop backs off instead of
+        Raises PublishFailed when envelopes were due and none could be published, so the loop backs off instead of
         spinning on a dead channel.
         """
         claimed = await self.publish_due()
-        settled = 0
-        # While envelopes keep falling due, settle at most once a second: the hot instant stays for publishing,
-        # and the settler still keeps up with a continuous stream. Never right after a full batch: more is due at
-        # once, and a settle statement before it would delay it (measured: 0.4 s of a 500,000-fire burst).
-        full = claimed >= self.batch_size
-        if not claimed or (not full and time.monotonic() - self._last_settle >= SETTLE_EVERY_SECONDS):
-            self._last_settle = time.monotonic()
-            settled = await self.settle()
-        return claimed > 0 or settled > 0
+        # A full batch means a burst: more is due at once, and the settler holds back while it is released.
+        if claimed >= self.batch_size:
+            self.settler.quiet.clear()
+        else:
+            self.settler.quiet.set()
+        return claimed > 0
 
     async def publish_due(self) -> int:
         """Claim envelopes due within the staging lead, fairly across tenants and within their fire rates, release
@@ -396,6 +390,7 @@ class Relay:
                 await self.db.execute(outbox_sql.MARK_PUBLISHED, {"ids": ids, "published_ats": stamps})
         if ids:
             crash_point("relay.after_stamp")
+            self.settler.stamped.set()
         else:
             # Nothing was stamped: the commit above kept nothing of this step, so no tokens were used either.
             used.update(dict.fromkeys(used, 0))
@@ -452,14 +447,6 @@ class Relay:
         await self.channel.default_exchange.publish(message, routing_key=envelope.queue, mandatory=True)
         return time.monotonic()
 
-    async def settle(self) -> int:
-        """Copy confirmation stamps onto occurrences (scheduled → enqueued) and drop settled envelopes."""
-        async with self.db.transaction():
-            settled = await self._scalar(outbox_sql.SETTLE_PUBLISHED, {"limit": self.settle_batch, **_LAG_BUCKETS})
-        if settled > 0:
-            self.stats.settled_envelopes += 1
-        return settled
-
     async def seconds_until_due(self) -> float:
         """How long to sleep: until the earliest unpublished envelope is due (PostgreSQL's clock), capped."""
         async with self.db.transaction():
@@ -500,6 +487,7 @@ class Relay:
         broke, re-declares its queues and goes on; the unstamped envelopes are simply published again."""
         outage = Outage()
         logger.info("relay %s started", self.name, extra={"action": "start"})
+        settling = None if once else asyncio.create_task(self.settler.run(self.stop))
         try:
             while not self.stop.is_set:
                 try:
@@ -510,6 +498,7 @@ class Relay:
                     if did_work:
                         continue
                     if once:
+                        await self.settler.settle_all()
                         return
                     wait = await self.seconds_until_due()
                     if self._throttled_for is not None:
@@ -524,6 +513,9 @@ class Relay:
                     if self._channel is not None and self._channel.is_closed:
                         self._channel = None
         finally:
+            if settling is not None:
+                settling.cancel()
+                await asyncio.gather(settling, return_exceptions=True)
             await self.forget_heartbeat()
             await self.close()
             logger.info("relay %s stopped: %s", self.name, self.stats, extra={"action": "stop"})

@@ -54,7 +54,8 @@ DELETE_ENVELOPES = "DELETE FROM dispatch_outboxmessage WHERE id = ANY(%(ids)s::b
 # lag = confirmation - the envelope's release instant. Rows are aggregated per lane, throttled mark, tenant series
 # and bucket before any JSON label is built (one jsonb_build_object per occurrence cost ~30 ms per statement), then
 # added to the stored totals in (name, labels) order like every other writer. `bounds` are the buckets' upper
-# bounds and `les` their labels, "+Inf" last. Returns the number of occurrences settled.
+# bounds and `les` their labels, "+Inf" last. Returns the number of occurrences settled, and each settled envelope's
+# settle lag (now - its confirmation stamp, seconds) for the settler's own histogram.
 # The occurrences are locked in primary-key order first, as the workers' batched completion locks them: many-row
 # updates of the same rows in different orders deadlock (dispatch/sql/claims.py COMPLETE_MANY).
 SETTLE_PUBLISHED = """
@@ -113,5 +114,6 @@ WITH settled AS (
     SELECT name, labels, delta FROM additions ORDER BY name, labels
     ON CONFLICT (name, labels) DO UPDATE SET value = c.value + EXCLUDED.value
 )
-SELECT count(*) FROM moved
+SELECT (SELECT count(*) FROM moved),
+       (SELECT array_agg(EXTRACT(EPOCH FROM clock_timestamp() - published_at)::float8) FROM settled)
 """
