@@ -80,8 +80,10 @@ class Settler:
             if self._db is not None:
                 await self._db.close()
             # Autocommit: each settle statement is its own short transaction, and nothing stays open between them.
+            # Named after its relay but not starting with its name: tools that count relays by application_name
+            # (and the leases, which name the relay's own connection) see one connection per relay.
             self._db = await psycopg.AsyncConnection.connect(
-                self.conninfo, application_name=f"{self.name} settle"[:63], autocommit=True
+                self.conninfo, application_name=f"settle {self.name}"[:63], autocommit=True
             )
         return self._db
 
@@ -91,7 +93,20 @@ class Settler:
             self._db = None
 
     async def settle(self) -> int:
-        """One settle statement of the current batch size; returns the envelopes it settled."""
+        """One settle statement of the current batch size; returns the envelopes it settled.
+
+        A connection found dead at its first use (PostgreSQL restarted while the settler waited) is opened again
+        and the statement tried once more before it counts as a failure: the outage was the publisher's to report.
+        """
+        try:
+            return await self._settle_once()
+        except psycopg.OperationalError:
+            if self._db is None or not self._db.broken:
+                raise
+            await self.close()
+            return await self._settle_once()
+
+    async def _settle_once(self) -> int:
         db = await self.connect()
         started = time.monotonic()
         cursor = await db.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": self.batch, **LAG_BUCKETS})
@@ -117,8 +132,9 @@ class Settler:
         return total
 
     async def run(self, stop: StopFlag) -> None:
-        """Settle while there is work, wait for a stamp when there is none; a failure (PostgreSQL restarting) backs
-        off like any step, logged once per outage, and the connection is opened again."""
+        """Settle while there is work, wait for a stamp when there is none; a failure (PostgreSQL down) backs off
+        like any step, logged once per outage, and the connection is opened again. Its Outage is its own: the
+        publisher's broker outages are none of its business, and its successes must not end theirs."""
         outage = Outage()
         while not stop.is_set:
             try:
