@@ -47,6 +47,12 @@ LIMIT %(limit)s
 
 LAG_TENANTS = "SELECT slug FROM dispatch_metric_tenant_series"
 
+# A deleted tenant's own lag series (tenant="<slug>"), dropped with it: a later tenant of the same slug starts from
+# zero (a counter reset, which Prometheus handles) instead of inheriting them. "other" is every unranked tenant's.
+FORGET_TENANT_LAG_SERIES = """
+DELETE FROM dispatch_metric_counter WHERE labels ->> 'tenant' = %(slug)s AND %(slug)s <> 'other'
+"""
+
 # --- gauges read at scrape time ------------------------------------------------------------------------------------
 
 METRICS_OUTBOX = """

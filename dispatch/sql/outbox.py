@@ -196,3 +196,32 @@ WITH settled AS (
 SELECT (SELECT count(*) FROM moved),
        (SELECT array_agg(EXTRACT(EPOCH FROM clock_timestamp() - published_at)::float8) FROM settled)
 """
+
+# A deleted tenant's occurrences that have not ended: canceled with `reason`, running ones included (tenants/services.py
+# delete_tenant decides why: the reaper and the workers' renewals join the schedule, which is gone with the tenant,
+# so a run left behind would stay `running` for ever). Their open attempts are closed with the same reason; the
+# worker still running one finds its lease gone and its completion refused (fenced). Found through the tenant's
+# schedules (occurrence_schedule_recent), so the cost follows the tenant's size, not the table's. Locked in
+# primary-key order like every writer of many occurrences (dispatch/sql/__init__.py).
+CANCEL_TENANT_OCCURRENCES = """
+WITH locked AS (
+    SELECT o.occurrence_id, o.scheduled_for, o.state FROM dispatch_occurrence AS o
+    WHERE o.schedule_id = ANY(%(schedule_ids)s::uuid[])
+      AND o.state IN ('scheduled', 'enqueued', 'running', 'retry_wait')
+    ORDER BY o.occurrence_id, o.scheduled_for
+    FOR UPDATE OF o
+), canceled AS (
+    UPDATE dispatch_occurrence AS o
+    SET state = 'canceled', finished_at = clock_timestamp(), state_reason = %(reason)s, lease_expires_at = NULL
+    FROM locked AS x
+    WHERE o.occurrence_id = x.occurrence_id AND o.scheduled_for = x.scheduled_for
+    RETURNING o.occurrence_id, o.scheduled_for, x.state AS was
+), closed AS (
+    UPDATE dispatch_attempt AS a
+    SET finished_at = clock_timestamp(), outcome = 'canceled', error = %(reason)s
+    FROM canceled AS c
+    WHERE c.was = 'running' AND a.occurrence_id = c.occurrence_id AND a.scheduled_for = c.scheduled_for
+      AND a.finished_at IS NULL
+)
+SELECT count(*), count(*) FILTER (WHERE was = 'running') FROM canceled
+"""
