@@ -55,11 +55,14 @@ DELETE FROM dispatch_metric_counter WHERE labels ->> 'tenant' = %(slug)s AND %(s
 
 # --- gauges read at scrape time ------------------------------------------------------------------------------------
 
+# The outbox's backlog: what waits to be published, and what was published but not yet settled (a settler falling
+# behind shows here first, and in scheduler_settle_lag_seconds).
 METRICS_OUTBOX = """
 SELECT count(*) FILTER (WHERE published_at IS NULL),
        coalesce(sum(cardinality(occurrence_ids)) FILTER (WHERE published_at IS NULL), 0),
        coalesce(EXTRACT(EPOCH FROM clock_timestamp() - min(available_at) FILTER (WHERE published_at IS NULL)), 0),
-       count(*) FILTER (WHERE published_at IS NOT NULL)
+       count(*) FILTER (WHERE published_at IS NOT NULL),
+       coalesce(EXTRACT(EPOCH FROM clock_timestamp() - min(published_at)), 0)
 FROM dispatch_outboxmessage
 """
 
