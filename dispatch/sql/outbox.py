@@ -16,7 +16,8 @@ VALUES (%s, %s, %s, %s, %s::uuid[], %s::timestamptz[], %s, NULL, clock_timestamp
 # lease on an envelope names it; a lease of a relay that is no longer connected (killed, its host gone) is taken
 # over at once instead of after its expiry. Behind a pooler that hides application names, the expiry still holds.
 LIVE_RELAYS = """
-SELECT application_name FROM pg_stat_activity WHERE application_name IS NOT NULL AND application_name <> ''
+SELECT application_name FROM pg_stat_activity
+WHERE datname = current_database() AND application_name IS NOT NULL AND application_name <> ''
 """
 
 # An envelope (alias m) a relay may claim now: unpublished, due within the staging lead, past the backoff of its
@@ -35,7 +36,7 @@ CLAIMABLE = (
 
 # The end of a claim, in one short statement after the publishes, outside any transaction that spanned them: each
 # envelope still leased to this relay is stamped with its broker confirmation (one row per envelope at the hot
-# instant instead of one UPDATE per occurrence, ARCHITECTURE.md "Measured"), or handed back: a refused publish
+# instant instead of one UPDATE per occurrence, docs/DESIGN.md "Envelopes"), or handed back: a refused publish
 # (nacked or returned by the broker) backs off on its own, capped exponentially and jittered, persisted on the row
 # so every relay honours it; an envelope that was not tried or failed with the connection goes back as it was.
 # A row whose lease another relay took over meanwhile is left alone: that relay publishes it again under the same
