@@ -28,6 +28,7 @@ PUBLISH_BACKOFF_FIRST_SECONDS = 0.5
 PUBLISH_BACKOFF_MAX_SECONDS = 30.0
 # What the occurrences of an envelope whose tenant no longer exists are canceled with.
 ORPHAN_REASON = "tenant deleted: its pending work was withdrawn"
+ORPHAN_LOCK_TIMEOUT = "1s"
 
 
 @dataclass(frozen=True)
@@ -85,13 +86,24 @@ async def withdraw_orphans(db: psycopg.AsyncConnection, tenant_ids: list[int]) -
     """Withdraw the envelopes of tenants that no longer exist, canceling their unclaimed occurrences with the
     reason; returns (envelopes, occurrences). Envelopes of a deleted tenant are never granted a fire, so left alone
     they would count as due for ever and the relay would never sleep."""
-    async with db.transaction():
-        cursor = await db.execute(
-            outbox_sql.WITHDRAW_ORPHAN_ENVELOPES, {"tenant_ids": sorted(tenant_ids), "reason": ORPHAN_REASON}
+    try:
+        async with db.transaction():
+            # Its occurrence locks are waited for briefly: a worker holding one is done in milliseconds, and the
+            # relay's due work must not stall behind this cleanup; a step that gives up tries again at the next.
+            await db.execute(f"SET LOCAL lock_timeout = '{ORPHAN_LOCK_TIMEOUT}'")
+            cursor = await db.execute(
+                outbox_sql.WITHDRAW_ORPHAN_ENVELOPES, {"tenant_ids": sorted(tenant_ids), "reason": ORPHAN_REASON}
+            )
+            row = await cursor.fetchone()
+            # A reservation that raced the deletion may have written the tenant's bucket row again.
+            await db.execute(quota_sql.FORGET_DELETED_TENANTS, {"tenant_ids": sorted(tenant_ids)})
+    except psycopg.errors.LockNotAvailable:
+        logger.info(
+            "envelopes of deleted tenants %s wait for a lock; next step",
+            tenant_ids,
+            extra={"action": "withdraw_orphans"},
         )
-        row = await cursor.fetchone()
-        # A reservation that raced the deletion may have written the tenant's bucket row again.
-        await db.execute(quota_sql.FORGET_DELETED_TENANTS, {"tenant_ids": sorted(tenant_ids)})
+        return 0, 0
     envelopes, occurrences = (row[0], row[1]) if row is not None else (0, 0)
     if envelopes:
         logger.warning(
