@@ -96,7 +96,8 @@ class TenantAdmin(TenantTokenMixin, SafeActionSelectionMixin, admin.ModelAdmin):
     prints its token; adding one here creates the schema and domains only. The schema name is derived from the
     slug (as provision_tenant does) and neither changes afterwards. Deleting is refused for the public tenant
     and for any tenant that still holds schedules: retiring a tenant with data is not a one-click operation, and
-    the delete confirmation page would otherwise try to list millions of related rows.
+    the delete confirmation page would otherwise try to list millions of related rows. A delete that is allowed
+    goes through tenants.services.delete_tenant (pending work canceled, engine rows cleared, schema dropped).
     """
 
     form = TenantForm
