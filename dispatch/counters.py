@@ -201,6 +201,16 @@ RELAY_FAILED_PUBLISHES = Counter(
 RELAY_WITHDRAWN_ENVELOPES = Counter(
     "scheduler_relay_withdrawn_envelopes", "Staged envelopes dropped unpublished: all their occurrences withdrawn."
 )
+SETTLE_LAG = Histogram(
+    "scheduler_settle_lag_seconds",
+    "Settle time - broker confirmation of each envelope: how long a confirmed fire waits for its occurrences to show "
+    "enqueued_at and for the lag histograms to count it.",
+)
+RELAY_PUBLISH_BACKOFFS = Counter(
+    "scheduler_relay_publish_backoffs",
+    "Publishes the broker refused (nacked or returned) whose envelope now backs off on its own, by queue.",
+    ["queue"],
+)
 # Kept by the relay's settle step in SQL (dispatch/sql/outbox.py SETTLE_PUBLISHED), declared here for the scrape.
 SCHEDULE_LAG = Histogram(
     "scheduler_schedule_lag_seconds",

@@ -111,7 +111,7 @@ def _histogram(
 
 def _gauges(cursor) -> Iterator[Metric]:
     cursor.execute(metrics_sql.METRICS_OUTBOX)
-    envelopes, occurrences, oldest_age, unsettled = cursor.fetchone()
+    envelopes, occurrences, oldest_age, unsettled, oldest_unsettled_age = cursor.fetchone()
     yield GaugeMetricFamily("scheduler_outbox_envelopes", "Envelopes waiting to be published.", envelopes)
     yield GaugeMetricFamily(
         "scheduler_outbox_occurrences", "Occurrences waiting in unpublished envelopes.", occurrences
@@ -121,7 +121,17 @@ def _gauges(cursor) -> Iterator[Metric]:
         "How overdue the oldest unpublished envelope is (negative: not due yet).",
         float(oldest_age),
     )
-    yield GaugeMetricFamily("scheduler_outbox_unsettled_envelopes", "Published envelopes not yet settled.", unsettled)
+    yield GaugeMetricFamily(
+        "scheduler_outbox_unsettled_envelopes",
+        "Published envelopes whose confirmation is not yet settled onto their occurrences.",
+        unsettled,
+    )
+    yield GaugeMetricFamily(
+        "scheduler_outbox_oldest_unsettled_age_seconds",
+        "How long ago the oldest unsettled envelope was confirmed (0 when none waits): its occurrences show no "
+        "enqueued_at and the lag histograms do not count them yet.",
+        float(oldest_unsettled_age),
+    )
 
     cursor.execute(metrics_sql.METRICS_RECENT_STATES, {"window": RECENT_WINDOW_SECONDS})
     states = GaugeMetricFamily(

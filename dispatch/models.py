@@ -144,6 +144,16 @@ class OutboxMessage(models.Model):
     # Set when the relay passed the envelope over at its instant because its tenant's fire rate was spent
     # (max_fires_per_second); settling copies it onto the occurrences, so throttled lateness is told apart from lag.
     throttled = models.BooleanField(default=False, db_default=False)
+    # The relay publishing it now (its process name, as its connection's application_name) and until when: set by
+    # the claim's short transaction, so no transaction stays open while messages are in flight. Only the lease
+    # holder stamps the row; an expired lease, or one of a relay no longer connected, is taken over (docs/DESIGN.md
+    # "Relay leases").
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Publishes the broker refused (nacked or returned) in a row, and when the next may be tried: every relay honours
+    # the backoff, so a queue that refuses everything is retried a few times a minute, not every step.
+    publish_failures = models.PositiveIntegerField(default=0, db_default=0)
+    retry_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -308,9 +308,10 @@ SCHEDULER_RELAY_BATCH = env_int("SCHEDULER_RELAY_BATCH", 4000, minimum=1)
 # The part of a relay batch flexible work keeps while strict work is due: the strict lane has the rest reserved,
 # and flexible work is never starved by a strict burst.
 SCHEDULER_FLEXIBLE_MIN_SHARE = env_float("SCHEDULER_FLEXIBLE_MIN_SHARE", 0.1, minimum=0.0, maximum=1.0)
-# Published envelopes settled (stamp copied to occurrences) per step while nothing is due.
-# 20 envelopes of 250 = 5,000 occurrences a statement: the rows it locks are the ones the workers are completing.
-SCHEDULER_SETTLE_BATCH = env_int("SCHEDULER_SETTLE_BATCH", 20, minimum=1)
+# The most published envelopes one settle statement copies onto their occurrences. The settler starts at 20 and
+# doubles or halves its batch to keep each statement near 0.1 s (dispatch/engine/settler.py): the rows it locks are
+# the ones the workers are claiming and completing.
+SCHEDULER_SETTLE_BATCH = env_int("SCHEDULER_SETTLE_BATCH", 500, minimum=1)
 # Longest nap of an idle relay: new envelopes for "now" (manual triggers, retries) wait at most this long.
 SCHEDULER_RELAY_MAX_IDLE_SECONDS = env_float("SCHEDULER_RELAY_MAX_IDLE_SECONDS", 0.25, minimum=0.01)
 # Durable queues per lane (the workers consume both by default).
@@ -325,6 +326,20 @@ if SCHEDULER_QUEUE_TYPE not in ("classic", "quorum"):
 # The relay claims envelopes due within this lead and releases each at its instant from memory, so the top of
 # the hour starts on time; a manual trigger may wait up to this long behind a staged group.
 SCHEDULER_RELAY_STAGE_SECONDS = env_float("SCHEDULER_RELAY_STAGE_SECONDS", 1.0, minimum=0.0)
+# A publish the broker has not confirmed within this long fails (a broker blocked by a memory or disk alarm never
+# confirms): its envelope goes back unstamped and the relay backs off like in any outage. No transaction is open
+# meanwhile.
+SCHEDULER_RELAY_PUBLISH_TIMEOUT_SECONDS = env_float("SCHEDULER_RELAY_PUBLISH_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+# How long a relay's lease on the envelopes it claimed lasts: longer than the staging lead plus the publish timeout,
+# so a live relay never loses a lease mid-publish. A lease of a relay no longer connected to PostgreSQL is taken over
+# at once; this expiry only frees the envelopes of a relay that is connected but stuck.
+SCHEDULER_RELAY_LEASE_SECONDS = env_float("SCHEDULER_RELAY_LEASE_SECONDS", 60.0, minimum=1.0)
+if SCHEDULER_RELAY_LEASE_SECONDS <= SCHEDULER_RELAY_STAGE_SECONDS + SCHEDULER_RELAY_PUBLISH_TIMEOUT_SECONDS:
+    raise ImproperlyConfigured(
+        f"SCHEDULER_RELAY_LEASE_SECONDS={SCHEDULER_RELAY_LEASE_SECONDS:g} must exceed SCHEDULER_RELAY_STAGE_SECONDS "
+        f"plus SCHEDULER_RELAY_PUBLISH_TIMEOUT_SECONDS ({SCHEDULER_RELAY_STAGE_SECONDS:g} + "
+        f"{SCHEDULER_RELAY_PUBLISH_TIMEOUT_SECONDS:g}): a live relay would lose envelopes it is still publishing."
+    )
 
 # --- Workers ---
 # Occurrences of one envelope run in parallel on this many threads per worker process.

@@ -18,7 +18,7 @@ from schedules.models import Schedule
 from schedules.services import schedules_held as counted_schedules
 from tenants.admin_token import TenantTokenMixin
 from tenants.models import Domain, Tenant, schema_name_for, validate_slug
-from tenants.services import HOST_PATTERN, QUOTA_FIELDS, quota_minimum
+from tenants.services import HOST_PATTERN, QUOTA_FIELDS, delete_tenant, quota_minimum
 
 
 class TenantForm(forms.ModelForm):
@@ -96,7 +96,8 @@ class TenantAdmin(TenantTokenMixin, SafeActionSelectionMixin, admin.ModelAdmin):
     prints its token; adding one here creates the schema and domains only. The schema name is derived from the
     slug (as provision_tenant does) and neither changes afterwards. Deleting is refused for the public tenant
     and for any tenant that still holds schedules: retiring a tenant with data is not a one-click operation, and
-    the delete confirmation page would otherwise try to list millions of related rows.
+    the delete confirmation page would otherwise try to list millions of related rows. A delete that is allowed
+    goes through tenants.services.delete_tenant (pending work canceled, engine rows cleared, schema dropped).
     """
 
     form = TenantForm
@@ -224,6 +225,16 @@ class TenantAdmin(TenantTokenMixin, SafeActionSelectionMixin, admin.ModelAdmin):
         if obj is not None and (obj.is_public or Schedule.objects.for_tenant(obj).exists()):
             return False
         return super().has_delete_permission(request, obj)
+
+    def delete_model(self, request: HttpRequest, obj: Tenant) -> None:
+        """Through the service: pending occurrences canceled with the reason, envelopes and engine rows cleared, the
+        schema (users, tokens) dropped."""
+        deleted = delete_tenant(obj, actor=f"operator:{request.user.get_username()}")
+        messages.info(
+            request,
+            f"Tenant {deleted.slug} deleted: {deleted.occurrences_canceled} pending occurrences canceled, "
+            f"{deleted.envelopes_withdrawn} envelopes withdrawn.",
+        )
 
     def save_model(self, request: HttpRequest, obj: Tenant, form: TenantForm, change: bool) -> None:
         if change:

@@ -47,13 +47,22 @@ LIMIT %(limit)s
 
 LAG_TENANTS = "SELECT slug FROM dispatch_metric_tenant_series"
 
+# A deleted tenant's own lag series (tenant="<slug>"), dropped with it: a later tenant of the same slug starts from
+# zero (a counter reset, which Prometheus handles) instead of inheriting them. "other" is every unranked tenant's.
+FORGET_TENANT_LAG_SERIES = """
+DELETE FROM dispatch_metric_counter WHERE labels ->> 'tenant' = %(slug)s AND %(slug)s <> 'other'
+"""
+
 # --- gauges read at scrape time ------------------------------------------------------------------------------------
 
+# The outbox's backlog: what waits to be published, and what was published but not yet settled (a settler falling
+# behind shows here first, and in scheduler_settle_lag_seconds).
 METRICS_OUTBOX = """
 SELECT count(*) FILTER (WHERE published_at IS NULL),
        coalesce(sum(cardinality(occurrence_ids)) FILTER (WHERE published_at IS NULL), 0),
        coalesce(EXTRACT(EPOCH FROM clock_timestamp() - min(available_at) FILTER (WHERE published_at IS NULL)), 0),
-       count(*) FILTER (WHERE published_at IS NOT NULL)
+       count(*) FILTER (WHERE published_at IS NOT NULL),
+       coalesce(EXTRACT(EPOCH FROM clock_timestamp() - min(published_at)), 0)
 FROM dispatch_outboxmessage
 """
 

@@ -12,18 +12,64 @@ VALUES (%s, %s, %s, %s, %s::uuid[], %s::timestamptz[], %s, NULL, clock_timestamp
 
 # The relay's claim (fair shares per tenant, within each tenant's fire rate) is in dispatch/sql/quotas.py.
 
-# One row per envelope at the hot instant instead of one UPDATE per occurrence (ARCHITECTURE.md "Measured").
-MARK_PUBLISHED = """
-UPDATE dispatch_outboxmessage AS m SET published_at = u.published_at
-FROM unnest(%(ids)s::bigint[], %(published_ats)s::timestamptz[]) AS u(id, published_at)
-WHERE m.id = u.id
+# Relays that are connected now, by the application_name each gives its connection (its process name). A relay's
+# lease on an envelope names it; a lease of a relay that is no longer connected (killed, its host gone) is taken
+# over at once instead of after its expiry. Behind a pooler that hides application names, the expiry still holds.
+LIVE_RELAYS = """
+SELECT application_name FROM pg_stat_activity
+WHERE datname = current_database() AND application_name IS NOT NULL AND application_name <> ''
 """
 
-# Seconds until the earliest unpublished envelope is due, on PostgreSQL's clock (negative: overdue).
-SECONDS_UNTIL_DUE = """
-SELECT EXTRACT(EPOCH FROM (min(available_at) - clock_timestamp()))
-FROM dispatch_outboxmessage WHERE published_at IS NULL
+# An envelope (alias m) a relay may claim now: unpublished, due within the staging lead, past the backoff of its
+# last refused publish, and not leased to another live relay. Its own lease (`owner`) is stale by definition: a
+# relay claims between steps, and what an earlier step of the same name left leased was never stamped. A relay
+# that claims nothing sleeps until the earliest of these conditions changes (SECONDS_UNTIL_DUE), never polls them.
+CLAIMABLE = (
+    """m.published_at IS NULL
+      AND m.available_at <= clock_timestamp() + make_interval(secs => %(lead)s)
+      AND (m.retry_at IS NULL OR m.retry_at <= clock_timestamp())
+      AND (m.lease_owner IS NULL OR m.lease_owner = %(owner)s OR m.lease_expires_at < clock_timestamp()
+           OR m.lease_owner <> ALL ("""
+    + LIVE_RELAYS
+    + """))"""
+)
+
+# The end of a claim, in one short statement after the publishes, outside any transaction that spanned them: each
+# envelope still leased to this relay is stamped with its broker confirmation (one row per envelope at the hot
+# instant instead of one UPDATE per occurrence, docs/DESIGN.md "Envelopes"), or handed back: a refused publish
+# (nacked or returned by the broker) backs off on its own, capped exponentially and jittered, persisted on the row
+# so every relay honours it; an envelope that was not tried or failed with the connection goes back as it was.
+# A row whose lease another relay took over meanwhile is left alone: that relay publishes it again under the same
+# occurrence ids (the intended at-least-once). Returns the ids stamped.
+FINISH_CLAIM = """
+UPDATE dispatch_outboxmessage AS m
+SET published_at = u.published_at, lease_owner = NULL, lease_expires_at = NULL,
+    publish_failures = CASE WHEN u.refused THEN m.publish_failures + 1 ELSE m.publish_failures END,
+    retry_at = CASE WHEN u.refused
+                    THEN clock_timestamp() + make_interval(secs => LEAST(%(backoff_max)s,
+                         %(backoff_first)s * 2 ^ LEAST(m.publish_failures, 30)) * (0.5 + random() / 2))
+                    ELSE m.retry_at END
+FROM unnest(%(ids)s::bigint[], %(published_ats)s::timestamptz[], %(refused)s::bool[]) AS u(id, published_at, refused)
+WHERE m.id = u.id AND m.lease_owner = %(owner)s AND m.published_at IS NULL
+RETURNING m.id, u.published_at IS NOT NULL
 """
+
+# Seconds until the relay may have something to claim, on PostgreSQL's clock (zero or negative: now): the earliest
+# unpublished envelope's entry into the staging lead, its backoff's end, or the expiry of a live relay's lease on it.
+# The expression has no index order, so the scan is bounded: the earliest thousand due (outbox_due) decide.
+SECONDS_UNTIL_DUE = (
+    """
+SELECT EXTRACT(EPOCH FROM (min(GREATEST(
+           m.available_at - make_interval(secs => %(lead)s),
+           m.retry_at,
+           CASE WHEN m.lease_owner IS NOT NULL AND m.lease_owner <> %(owner)s
+                     AND m.lease_owner = ANY (ARRAY("""
+    + LIVE_RELAYS
+    + """)) THEN m.lease_expires_at END)) - clock_timestamp()))
+FROM (SELECT available_at, retry_at, lease_owner, lease_expires_at FROM dispatch_outboxmessage
+      WHERE published_at IS NULL ORDER BY available_at LIMIT 1000) AS m
+"""
+)
 
 # Staging: the relay claims envelopes due within the next second or so and releases them at their instant.
 # An update, pause or cancel bumps this sequence when it withdraws occurrences; reading it takes no lock.
@@ -31,18 +77,52 @@ BUMP_INVALIDATION = "SELECT nextval('dispatch_invalidation_seq')"
 
 INVALIDATION_MARK = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM dispatch_invalidation_seq"
 
-# Staged envelopes none of whose occurrences can still run (all withdrawn while staged): dropped unpublished.
-# Partly withdrawn envelopes are published; the worker's claim is the authority for each occurrence.
+# Staged envelopes none of whose occurrences can still run (all withdrawn while staged), or whose row is gone (its
+# tenant deleted): dropped unpublished. Partly withdrawn envelopes are published; the worker's claim is the
+# authority for each occurrence.
 WITHDRAWN_ENVELOPES = """
-SELECT m.id FROM dispatch_outboxmessage AS m
-WHERE m.id = ANY(%(ids)s::bigint[])
-  AND NOT EXISTS (
+SELECT s.id FROM unnest(%(ids)s::bigint[]) AS s(id)
+LEFT JOIN dispatch_outboxmessage AS m ON m.id = s.id
+WHERE m.id IS NULL OR NOT EXISTS (
     SELECT 1 FROM unnest(m.occurrence_ids, m.scheduled_fors) AS u(occurrence_id, scheduled_for)
     JOIN dispatch_occurrence AS o ON o.occurrence_id = u.occurrence_id AND o.scheduled_for = u.scheduled_for
     WHERE o.state IN ('scheduled', 'enqueued', 'retry_wait'))
 """
 
 DELETE_ENVELOPES = "DELETE FROM dispatch_outboxmessage WHERE id = ANY(%(ids)s::bigint[])"
+
+# --- envelopes of deleted tenants -------------------------------------------------------------------------------
+
+# Withdraw every envelope of the given tenants that no longer exist (`tenant_ids` is checked again here, so a
+# tenant that is alive is never touched) and cancel their occurrences that no worker claimed yet, with `reason`.
+# The relay runs it for envelopes of a tenant it meets in its demand without a tenant row (a row a writer committed
+# after the tenant's deletion): it withdraws them instead of counting them due for ever. Occurrences are locked in
+# primary-key order (dispatch/sql/__init__.py). Returns (envelopes, occurrences canceled).
+WITHDRAW_ORPHAN_ENVELOPES = """
+WITH gone AS (
+    DELETE FROM dispatch_outboxmessage AS m
+    WHERE m.tenant_id = ANY(%(tenant_ids)s::bigint[])
+      AND NOT EXISTS (SELECT 1 FROM tenants_tenant AS t WHERE t.id = m.tenant_id)
+    RETURNING m.occurrence_ids, m.scheduled_fors
+), members AS (
+    SELECT u.occurrence_id, u.scheduled_for
+    FROM gone, unnest(gone.occurrence_ids, gone.scheduled_fors) AS u(occurrence_id, scheduled_for)
+), locked AS (
+    SELECT o.occurrence_id, o.scheduled_for FROM dispatch_occurrence AS o
+    JOIN members AS x ON o.occurrence_id = x.occurrence_id AND o.scheduled_for = x.scheduled_for
+    WHERE o.state IN ('scheduled', 'enqueued', 'retry_wait')
+    ORDER BY o.occurrence_id, o.scheduled_for
+    FOR UPDATE OF o
+), canceled AS (
+    UPDATE dispatch_occurrence AS o
+    SET state = 'canceled', finished_at = clock_timestamp(), state_reason = %(reason)s
+    FROM locked AS x
+    WHERE o.occurrence_id = x.occurrence_id AND o.scheduled_for = x.scheduled_for
+      AND o.state IN ('scheduled', 'enqueued', 'retry_wait')
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM canceled)
+"""
 
 # Settling copies an envelope's confirmation time onto its occurrences after the hot instant: scheduled →
 # enqueued (a worker may already have moved it further; then only enqueued_at is filled), with the envelope's
@@ -54,7 +134,8 @@ DELETE_ENVELOPES = "DELETE FROM dispatch_outboxmessage WHERE id = ANY(%(ids)s::b
 # lag = confirmation - the envelope's release instant. Rows are aggregated per lane, throttled mark, tenant series
 # and bucket before any JSON label is built (one jsonb_build_object per occurrence cost ~30 ms per statement), then
 # added to the stored totals in (name, labels) order like every other writer. `bounds` are the buckets' upper
-# bounds and `les` their labels, "+Inf" last. Returns the number of occurrences settled.
+# bounds and `les` their labels, "+Inf" last. Returns the number of occurrences settled, and each settled envelope's
+# settle lag (now - its confirmation stamp, seconds) for the settler's own histogram.
 # The occurrences are locked in primary-key order first, as the workers' batched completion locks them: many-row
 # updates of the same rows in different orders deadlock (dispatch/sql/claims.py COMPLETE_MANY).
 SETTLE_PUBLISHED = """
@@ -113,5 +194,35 @@ WITH settled AS (
     SELECT name, labels, delta FROM additions ORDER BY name, labels
     ON CONFLICT (name, labels) DO UPDATE SET value = c.value + EXCLUDED.value
 )
-SELECT count(*) FROM moved
+SELECT (SELECT count(*) FROM moved),
+       (SELECT array_agg(EXTRACT(EPOCH FROM clock_timestamp() - published_at)::float8) FROM settled)
+"""
+
+# A deleted tenant's occurrences that have not ended: canceled with `reason`, running ones included (tenants/services.py
+# delete_tenant decides why: the reaper and the workers' renewals join the schedule, which is gone with the tenant,
+# so a run left behind would stay `running` for ever). Their open attempts are closed with the same reason; the
+# worker still running one finds its lease gone and its completion refused (fenced). Found through the tenant's
+# schedules (occurrence_schedule_recent), so the cost follows the tenant's size, not the table's. Locked in
+# primary-key order like every writer of many occurrences (dispatch/sql/__init__.py).
+CANCEL_TENANT_OCCURRENCES = """
+WITH locked AS (
+    SELECT o.occurrence_id, o.scheduled_for, o.state FROM dispatch_occurrence AS o
+    WHERE o.schedule_id = ANY(%(schedule_ids)s::uuid[])
+      AND o.state IN ('scheduled', 'enqueued', 'running', 'retry_wait')
+    ORDER BY o.occurrence_id, o.scheduled_for
+    FOR UPDATE OF o
+), canceled AS (
+    UPDATE dispatch_occurrence AS o
+    SET state = 'canceled', finished_at = clock_timestamp(), state_reason = %(reason)s, lease_expires_at = NULL
+    FROM locked AS x
+    WHERE o.occurrence_id = x.occurrence_id AND o.scheduled_for = x.scheduled_for
+    RETURNING o.occurrence_id, o.scheduled_for, x.state AS was
+), closed AS (
+    UPDATE dispatch_attempt AS a
+    SET finished_at = clock_timestamp(), outcome = 'canceled', error = %(reason)s
+    FROM canceled AS c
+    WHERE c.was = 'running' AND a.occurrence_id = c.occurrence_id AND a.scheduled_for = c.scheduled_for
+      AND a.finished_at IS NULL
+)
+SELECT count(*), count(*) FILTER (WHERE was = 'running') FROM canceled
 """

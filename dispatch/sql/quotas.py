@@ -9,6 +9,8 @@ Rows of several tenants are always taken in tenant_id order, so two processes ne
 
 from __future__ import annotations
 
+from dispatch.sql.outbox import CLAIMABLE
+
 # --- max_fires_per_second: the relays' shared token bucket ---------------------------------------------------
 
 # One step's demand and grant, in one short transaction of its own (bucket rows locked only until its commit, never
@@ -20,7 +22,11 @@ from __future__ import annotations
 # Tokens granted ahead of the instant are spent AT the instant: refilled_at moves to the earliest release instant
 # of the demand, so the bucket does not refill during the lead (a second relay staging the same burst gets nothing
 # more, and the burst at the instant is one second's worth, not two).
-RESERVE_FIRES = """
+# Demand counts only what this relay could claim now (dispatch/sql/outbox.py CLAIMABLE). A tenant in the demand
+# without a tenant row (deleted; its envelopes written by a race) is returned with `orphaned` set and no grant: the
+# relay withdraws its envelopes (WITHDRAW_ORPHAN_ENVELOPES) instead of counting them due for ever.
+RESERVE_FIRES = (
+    """
 WITH clock AS (SELECT clock_timestamp() AS now),
 demand AS (
     SELECT m.tenant_id,
@@ -29,7 +35,9 @@ demand AS (
            count(*) FILTER (WHERE m.queue <> %(strict_queue)s)::int AS flexible_envelopes,
            GREATEST(min(clock.now), min(m.available_at)) AS first_release
     FROM dispatch_outboxmessage AS m, clock
-    WHERE m.published_at IS NULL AND m.available_at <= clock.now + make_interval(secs => %(lead)s)
+    WHERE """
+    + CLAIMABLE
+    + """
     GROUP BY m.tenant_id
 ),
 reserved AS (
@@ -48,15 +56,17 @@ reserved AS (
         refilled_at = GREATEST(b.refilled_at, EXCLUDED.refilled_at), rate = EXCLUDED.rate, wanted = EXCLUDED.wanted
     RETURNING b.tenant_id, b.last_granted, b.tokens, b.rate, b.refilled_at
 )
-SELECT d.tenant_id, d.wanted, r.last_granted, t.fairness_weight, d.strict_envelopes, d.flexible_envelopes,
-       CASE WHEN r.tokens > 0 THEN 0
+SELECT d.tenant_id, t.id IS NULL AS orphaned, d.wanted, COALESCE(r.last_granted, 0), COALESCE(t.fairness_weight, 1),
+       d.strict_envelopes, d.flexible_envelopes,
+       CASE WHEN r.tokens IS NULL OR r.tokens > 0 THEN 0
             ELSE GREATEST(0, EXTRACT(EPOCH FROM r.refilled_at - clock_timestamp()))
                  + (1 - r.tokens) / GREATEST(r.rate, 1) END AS refill_seconds
 FROM demand AS d
-JOIN reserved AS r ON r.tenant_id = d.tenant_id
-JOIN tenants_tenant AS t ON t.id = d.tenant_id
+LEFT JOIN reserved AS r ON r.tenant_id = d.tenant_id
+LEFT JOIN tenants_tenant AS t ON t.id = d.tenant_id
 ORDER BY d.tenant_id
 """
+)
 
 # Envelopes already due whose tenant got no tokens this step are marked throttled, once, with their occurrences,
 # and their fires counted on the bucket: the occurrences' lateness is the tenant's own quota (the claim's misfire
@@ -93,23 +103,34 @@ WHERE b.tenant_id = s.tenant_id
 """
 
 # The fair claim of one lane: per tenant, its share of the batch (computed by the relay from the weights), its
-# unpublished envelopes due within the lead in (time, priority) order, locked. The per-tenant LATERAL with its
-# own LIMIT is what makes it fair: one ORDER BY over all tenants would hand a whole batch to whoever materialized
-# first. SKIP LOCKED inside the LATERAL, before the LIMIT: a second relay takes the next envelopes of the same
-# tenant instead of none. Served by outbox_due_by_tenant (queue, tenant_id, available_at, priority DESC, id).
-CLAIM_FAIR_SHARES = """
-SELECT c.id, c.queue, c.priority, c.body, c.fires, c.available_at, g.tenant_id
-FROM unnest(%(tenant_ids)s::bigint[], %(shares)s::int[]) AS g(tenant_id, share)
-CROSS JOIN LATERAL (
-    SELECT m.id, m.queue, m.priority, m.body, cardinality(m.occurrence_ids) AS fires, m.available_at
-    FROM dispatch_outboxmessage AS m
-    WHERE m.queue = %(queue)s AND m.tenant_id = g.tenant_id AND m.published_at IS NULL
-      AND m.available_at <= clock_timestamp() + make_interval(secs => %(lead)s)
-    ORDER BY m.available_at, m.priority DESC, m.id
-    LIMIT g.share
-    FOR UPDATE SKIP LOCKED
-) AS c
+# claimable envelopes due within the lead in (time, priority) order, leased to this relay (`owner`) for `lease`
+# seconds. The per-tenant LATERAL with its own LIMIT is what makes it fair: one ORDER BY over all tenants would
+# hand a whole batch to whoever materialized first. SKIP LOCKED inside the LATERAL, before the LIMIT: a second relay
+# claiming at the same moment takes the next envelopes of the same tenant instead of none; once committed, the
+# lease keeps them apart (CLAIMABLE) while no transaction is open. Served by outbox_due_by_tenant (queue,
+# tenant_id, available_at, priority DESC, id); the lease columns are in no index, so the update can stay HOT.
+CLAIM_FAIR_SHARES = (
+    """
+WITH chosen AS (
+    SELECT c.id
+    FROM unnest(%(tenant_ids)s::bigint[], %(shares)s::int[]) AS g(tenant_id, share)
+    CROSS JOIN LATERAL (
+        SELECT m.id FROM dispatch_outboxmessage AS m
+        WHERE m.queue = %(queue)s AND m.tenant_id = g.tenant_id AND """
+    + CLAIMABLE
+    + """
+        ORDER BY m.available_at, m.priority DESC, m.id
+        LIMIT g.share
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+)
+UPDATE dispatch_outboxmessage AS m
+SET lease_owner = %(owner)s, lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
+FROM chosen
+WHERE m.id = chosen.id
+RETURNING m.id, m.queue, m.priority, m.body, cardinality(m.occurrence_ids), m.available_at, m.tenant_id
 """
+)
 
 # After the step's commit: tokens granted but not used go back (an envelope larger than the rest of a grant was
 # still sent whole, so `unused` may be negative: the bucket goes into debt and refills from there).
@@ -198,4 +219,30 @@ WHERE tenant_id = %(tenant_id)s AND window_start = %(window)s
 PRUNE_CATCHUP_WINDOWS = """
 DELETE FROM dispatch_tenant_catchup_window
 WHERE window_start < clock_timestamp() - make_interval(secs => %(keep)s)
+"""
+
+# --- a deleted tenant ------------------------------------------------------------------------------------------
+
+# The per-tenant engine rows of tenants that no longer exist: fire bucket, running count, catch-up and retry
+# windows, the lag-series ranking, and the schedule counter the control plane keeps. Run by the tenant deletion
+# (after the tenant row is gone, in its transaction) and by the relay for tenants it finds orphaned (a bucket row a
+# reservation wrote in a race with the deletion). The NOT EXISTS keeps it from ever touching a live tenant.
+FORGET_DELETED_TENANTS = """
+WITH gone AS (
+    SELECT x.tenant_id FROM unnest(%(tenant_ids)s::bigint[]) AS x(tenant_id)
+    WHERE NOT EXISTS (SELECT 1 FROM tenants_tenant AS t WHERE t.id = x.tenant_id)
+), bucket AS (
+    DELETE FROM dispatch_tenant_fire_bucket WHERE tenant_id IN (SELECT tenant_id FROM gone)
+), running AS (
+    DELETE FROM dispatch_tenant_running WHERE tenant_id IN (SELECT tenant_id FROM gone)
+), catchup AS (
+    DELETE FROM dispatch_tenant_catchup_window WHERE tenant_id IN (SELECT tenant_id FROM gone)
+), retries AS (
+    DELETE FROM dispatch_tenant_retry_window WHERE tenant_id IN (SELECT tenant_id FROM gone)
+), series AS (
+    DELETE FROM dispatch_metric_tenant_series WHERE tenant_id IN (SELECT tenant_id FROM gone)
+), held AS (
+    DELETE FROM schedules_tenant_schedule_count WHERE tenant_id IN (SELECT tenant_id FROM gone)
+)
+SELECT count(*) FROM gone
 """

@@ -3,6 +3,7 @@ read from the durable record, the lanes' queues; and /healthz, which says when f
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import pytest
@@ -10,7 +11,7 @@ from django.db import connection
 from django.test import Client
 
 from dispatch import counters
-from dispatch.engine.relay import _LAG_BUCKETS
+from dispatch.engine.relay import _LAG_BUCKETS, Relay
 from dispatch.identity import occurrence_id_for
 from dispatch.models import OutboxMessage
 from dispatch.outbox import Fire, enqueue
@@ -278,3 +279,50 @@ def test_healthz_is_unavailable_when_the_broker_does_not_answer(db, settings):
     status, body = healthz()
 
     assert (status, body["status"], body["broker"], body["database"]) == (503, "unavailable", "down", "ok")
+
+
+@pytest.mark.django_db(transaction=True)  # the settler works on a connection of its own
+def test_unsettled_envelopes_show_as_gauges_and_their_settling_in_the_settle_lag_histogram(
+    tenant_a, make_schedule, make_occurrence
+):
+    """A settler falling behind is visible: how many confirmed envelopes wait, since when, and how long each waited
+    between its confirmation and its settling."""
+    schedule = make_schedule(tenant_a.tenant, name="unsettled", actor="t")
+    base = db_now().replace(microsecond=0) - timedelta(minutes=2)
+    instants = [base + timedelta(seconds=n) for n in range(3)]
+    for at in instants:
+        make_occurrence(schedule, at=at, version=1)
+    ids = envelopes_for(schedule, instants)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE dispatch_outboxmessage SET published_at = clock_timestamp() - interval '45 seconds' "
+            "WHERE id = ANY(%s)",
+            [ids],
+        )
+    before = scrape()
+
+    assert before["scheduler_outbox_unsettled_envelopes"] == 3
+    assert 45 <= before["scheduler_outbox_oldest_unsettled_age_seconds"] < 60
+
+    relay = Relay("settle-metrics")
+
+    async def settle() -> int:
+        try:
+            return await relay.settler.settle_all()
+        finally:
+            await relay.close()
+
+    assert asyncio.run(settle()) == 3
+    after = scrape()
+    assert after["scheduler_outbox_unsettled_envelopes"] == 0
+    assert after["scheduler_outbox_oldest_unsettled_age_seconds"] == 0
+    grew = after["scheduler_settle_lag_seconds_count"] - before.get("scheduler_settle_lag_seconds_count", 0)
+    assert grew == 3
+    assert after['scheduler_settle_lag_seconds_bucket{le="30.0"}'] == before.get(
+        'scheduler_settle_lag_seconds_bucket{le="30.0"}', 0
+    ), "each waited 45 s"
+    assert (
+        after['scheduler_settle_lag_seconds_bucket{le="60.0"}']
+        - before.get('scheduler_settle_lag_seconds_bucket{le="60.0"}', 0)
+        == 3
+    )

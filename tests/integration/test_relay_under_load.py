@@ -39,6 +39,8 @@ def test_settling_progresses_while_envelopes_keep_falling_due(tenant_a, make_sch
 
     async def drive() -> int:
         await relay.connect()
+        # Settling runs beside the publishing steps, as in the relay process.
+        settling = asyncio.create_task(relay.settler.run(relay.stop))
         try:
             # Stop half a second before the last envelope falls due: the stream is still flowing then.
             stop_at = time.monotonic() + 3.4
@@ -47,6 +49,8 @@ def test_settling_progresses_while_envelopes_keep_falling_due(tenant_a, make_sch
                     await asyncio.sleep(0.02)
             return relay.stats.settled_envelopes
         finally:
+            settling.cancel()
+            await asyncio.gather(settling, return_exceptions=True)
             await relay.close()
 
     settled_while_streaming = asyncio.run(drive())
