@@ -190,6 +190,14 @@ MATERIALIZER_CONFLICTS = Counter(
     "scheduler_materializer_conflicts",
     "Planned fires whose row already existed (unique-key conflicts: a replayed batch, a hand-over, a backfill).",
 )
+# The materializers' upkeep (dispatch/upkeep.py): day partitions.
+UPKEEP_FAILURES = Counter(
+    "scheduler_upkeep_failures",
+    "Upkeep tries that gave up (a lock busy past SCHEDULER_UPKEEP_LOCK_TIMEOUT_SECONDS) or failed, by task; each is "
+    "tried again after SCHEDULER_UPKEEP_RETRY_SECONDS.",
+    ["task"],
+)
+PARTITIONS_CREATED = Counter("scheduler_partitions_created", "Day partitions the upkeep created.")
 # Relays.
 RELAY_PUBLISHED_ENVELOPES = Counter("scheduler_relay_published_envelopes", "Envelopes the broker confirmed.")
 RELAY_PUBLISHED_OCCURRENCES = Counter(

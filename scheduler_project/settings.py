@@ -355,6 +355,19 @@ SCHEDULER_WEBHOOK_ALLOW_PRIVATE = env_bool("SCHEDULER_WEBHOOK_ALLOW_PRIVATE", Fa
 # Days of occurrences and attempts kept before prune_occurrences drops their partitions.
 SCHEDULER_RETENTION_DAYS = env_int("SCHEDULER_RETENTION_DAYS", 14, minimum=1)
 
+# --- Upkeep (dispatch/upkeep.py, a thread of every materializer): day partitions ---
+# The longest any upkeep statement waits for a lock (partition DDL) before it gives up and tries again
+# later. A long read of the occurrence table (a report, pg_dump) then pauses the data plane's statements that wait
+# behind the DDL for at most this long, instead of queueing every write until the read ends.
+SCHEDULER_UPKEEP_LOCK_TIMEOUT_SECONDS = env_float(
+    "SCHEDULER_UPKEEP_LOCK_TIMEOUT_SECONDS", 0.25, minimum=0.001, maximum=10.0
+)
+# How soon an upkeep task that gave up (a lock busy past the timeout) or failed is tried again.
+SCHEDULER_UPKEEP_RETRY_SECONDS = env_float("SCHEDULER_UPKEEP_RETRY_SECONDS", 60.0, minimum=0.1)
+# Day partitions are kept ready this many days after today, so days of failed tries cost nothing: rows of a day
+# without its partition land in DEFAULT, and the day can never have a partition of its own after that.
+SCHEDULER_PARTITION_DAYS_AHEAD = env_int("SCHEDULER_PARTITION_DAYS_AHEAD", 7, minimum=2, maximum=60)
+
 # Fault injection (dispatch/engine/faults.py): a crash point's name makes the process die there, at the
 # SCHEDULER_FAULT_AFTER-th pass. Empty (the default) in every real deployment.
 SCHEDULER_FAULT = env_str("SCHEDULER_FAULT", "")

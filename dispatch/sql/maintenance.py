@@ -109,15 +109,44 @@ JOIN pg_namespace ns ON ns.oid = parent.relnamespace
 WHERE parent.relname = %s AND ns.nspname = 'public'
 """
 
-# Identifiers cannot be parameters: {partition} and {parent} are formatted in from names this module builds
+# Every upkeep transaction bounds its lock waits (SET LOCAL semantics: is_local true), and puts the caller's value
+# back when it is done, so a migration that calls it keeps its own setting for what follows.
+CURRENT_LOCK_TIMEOUT = "SELECT current_setting('lock_timeout')"
+SET_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, %s)"
+
+# Identifiers cannot be parameters: {partition} and {parent} are formatted in from names partitions.py builds
 # (table names from a fixed tuple, days from dates), never from input.
-CREATE_DAY_PARTITION = (
-    'CREATE TABLE IF NOT EXISTS "public"."{partition}" PARTITION OF "public"."{parent}" FOR VALUES FROM (%s) TO (%s)'
+#
+# A day is made in two statements, not `CREATE TABLE ... PARTITION OF`, which takes ACCESS EXCLUSIVE on the parent:
+# while that waits behind a long read, every COPY, settle and claim queues behind it. LIKE takes ACCESS SHARE on the
+# parent; ATTACH takes SHARE UPDATE EXCLUSIVE on it (no read or write conflicts with that), ACCESS EXCLUSIVE on the
+# new table (nobody uses it yet) and on DEFAULT, which it scans for rows of the day (docs/DESIGN.md, "Upkeep": the
+# locks measured in pg_locks). The attach builds the parent's indexes and constraints on the empty table.
+CREATE_DAY_TABLE = (
+    'CREATE TABLE IF NOT EXISTS "public"."{partition}" '
+    '(LIKE "public"."{parent}" INCLUDING DEFAULTS INCLUDING CONSTRAINTS)'
 )
+ATTACH_DAY_PARTITION = (
+    'ALTER TABLE "public"."{parent}" ATTACH PARTITION "public"."{partition}" FOR VALUES FROM (%s) TO (%s)'
+)
+# Whether DEFAULT holds rows of a day (PostgreSQL would refuse its partition): read without a conflicting lock.
+DEFAULT_HOLDS_RANGE = (
+    'SELECT EXISTS (SELECT 1 FROM "public"."{parent}_default" WHERE scheduled_for >= %s AND scheduled_for < %s)'
+)
+
 DROP_PARTITION = 'DROP TABLE IF EXISTS "public"."{partition}"'
 # Rows of days older than the retention that sat in DEFAULT (no partition existed for their day when written).
 DELETE_DEFAULT_BEFORE = 'DELETE FROM "public"."{parent}_default" WHERE scheduled_for < %s'
 COUNT_DEFAULT_BEFORE = 'SELECT count(*) FROM "public"."{parent}_default" WHERE scheduled_for < %s'
+
+
+# Each task of the upkeep runs in one materializer at a time (a session lock, tried, never waited for).
+TRY_UPKEEP_LOCK = "SELECT pg_try_advisory_lock(hashtext(%s))"
+RELEASE_UPKEEP_LOCK = "SELECT pg_advisory_unlock(hashtext(%s))"
+
+# --- what /metrics says of the upkeep ------------------------------------------------------------------------------
+
+UPKEEP_FACTS = "SELECT (clock_timestamp() AT TIME ZONE 'UTC')::date"
 
 
 # --- stuck occurrences (dispatch/stuck.py) -------------------------------------------------------------------------
