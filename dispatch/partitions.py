@@ -3,10 +3,10 @@
 Dropping a day's partition removes its rows without a DELETE, dead tuples or a long vacuum; at 200 M
 occurrences a day that is the only affordable way to prune.
 
-Every day is made under a lock timeout of SCHEDULER_UPKEEP_LOCK_TIMEOUT_SECONDS, then gives up: a long read of the
-occurrence table (a report, pg_dump) must cost the data plane a pause that short, never a queue of every write
-behind a DDL statement waiting for its lock (docs/DESIGN.md, "Upkeep"). A day that was not made is reported to the
-caller, which tries again later.
+Every statement here waits for a lock at most SCHEDULER_UPKEEP_LOCK_TIMEOUT_SECONDS, then gives up: a long read of
+the occurrence table (a report, pg_dump) must cost the data plane a pause that short, never a queue of every write
+behind a DDL statement waiting for its lock (docs/DESIGN.md, "Upkeep"). A day that was not made or dropped is
+reported to the caller, which tries again later.
 """
 
 from __future__ import annotations
@@ -17,16 +17,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from dispatch.models import TERMINAL_STATES, OccurrenceState
 from dispatch.sql import maintenance as maintenance_sql
 
 logger = logging.getLogger(__name__)
 
 PARTITIONED_TABLES = ("dispatch_occurrence", "dispatch_attempt")
+OCCURRENCES, ATTEMPTS = PARTITIONED_TABLES
+# States a fire can still leave: a partition holding one is never dropped (its fire would vanish unrun).
+UNFINISHED_STATES = [state.value for state in OccurrenceState if state not in TERMINAL_STATES]
 _PARTITION_NAME = re.compile(r"_p(\d{8})$")
 # PostgreSQL's error codes for "lock not granted within lock_timeout" and "DEFAULT already holds rows of the range".
 LOCK_NOT_AVAILABLE = "55P03"
@@ -162,17 +167,136 @@ def _refused(report: EnsureReport, name: str) -> None:
         )
 
 
-def drop_partitions_before(connection: BaseDatabaseWrapper, cutoff_day: date) -> list[str]:
-    """Drop whole days older than cutoff_day (retention), and delete older rows left in DEFAULT."""
-    dropped: list[str] = []
-    cutoff = datetime(cutoff_day.year, cutoff_day.month, cutoff_day.day, tzinfo=UTC)
-    for table in PARTITIONED_TABLES:
-        for day in sorted(existing_partition_days(connection, table)):
-            if day < cutoff_day:
-                name = partition_name(table, day)
-                with connection.cursor() as cursor:
-                    cursor.execute(maintenance_sql.DROP_PARTITION.format(partition=name))
-                dropped.append(name)
-        with connection.cursor() as cursor:
-            cursor.execute(maintenance_sql.DELETE_DEFAULT_BEFORE.format(parent=table), [cutoff])
-    return dropped
+# --- dropping days -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PruneReport:
+    cutoff: date
+    dropped: list[str] = field(default_factory=list)
+    # Partitions past the retention kept because they hold unfinished fires: name -> {state: rows}.
+    kept: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Not dropped this time: a lock busy past the timeout, or rows written while the day was checked.
+    busy: dict[str, str] = field(default_factory=dict)
+    # Rows older than the cutoff in the DEFAULT partitions: deleted (or, in a dry run, to delete), and kept unfinished.
+    default_deleted: int = 0
+    default_kept: int = 0
+
+
+class _ChangedDuringCheck(Exception):
+    """Rows of the day were written while it was checked: keep it this time, check it again next time."""
+
+
+def prune_partitions(connection: BaseDatabaseWrapper, cutoff_day: date, *, dry_run: bool = False) -> PruneReport:
+    """Drop the days older than `cutoff_day` (retention) whose fires are all finished; delete the finished rows older
+    than it from DEFAULT.
+
+    A day holding a fire that can still run (scheduled, enqueued, running, retry_wait: a backfill of an old range,
+    a replay, a catch-up after a long outage) is kept and reported, and dropped by a later pass once they are done.
+    1. Count the day's unfinished fires, without a lock that blocks anyone (a full read of the partition).
+    2. In one transaction, each lock waiting at most the timeout: the parents and the day's partitions ACCESS
+       EXCLUSIVE (parent first, occurrences before attempts, as PostgreSQL's own DROP orders them), then check
+       cheaply that nothing re-opened the day since step 1, and drop both partitions.
+    """
+    report = PruneReport(cutoff=cutoff_day)
+    with connection.cursor() as cursor:
+        cursor.execute(maintenance_sql.FLUSH_OWN_STATISTICS)
+    days_of = {table: existing_partition_days(connection, table) for table in PARTITIONED_TABLES}
+    for day in sorted(set().union(*days_of.values())):
+        if day >= cutoff_day:
+            continue
+        present = [(table, partition_name(table, day)) for table in PARTITIONED_TABLES if day in days_of[table]]
+        names = [name for _, name in present]
+        occurrences = partition_name(OCCURRENCES, day) if day in days_of[OCCURRENCES] else None
+        writes_before = 0
+        if occurrences is not None:
+            writes_before = _writes(connection, occurrences)  # read before the check, compared after it
+            unfinished = _unfinished(connection, occurrences)
+            if unfinished:
+                report.kept[occurrences] = unfinished
+                continue
+        if dry_run:
+            report.dropped.extend(names)
+            continue
+        try:
+            _drop_day(connection, day, present, occurrences, writes_before)
+        except _ChangedDuringCheck:
+            report.busy[names[0]] = "rows of the day were written while it was checked"
+        except DatabaseError as exc:
+            if sqlstate(exc) != LOCK_NOT_AVAILABLE:
+                raise
+            report.busy[names[0]] = f"a lock was busy for more than {lock_timeout_text()}"
+        else:
+            report.dropped.extend(names)
+    _prune_default(connection, report, dry_run)
+    return report
+
+
+def _writes(connection: BaseDatabaseWrapper, partition: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(maintenance_sql.PARTITION_WRITES, [f'"public"."{partition}"'])
+        row = cursor.fetchone()
+        return int(row[0]) if row else 0
+
+
+def _unfinished(connection: BaseDatabaseWrapper, partition: str) -> dict[str, int]:
+    with connection.cursor() as cursor:
+        cursor.execute(maintenance_sql.UNFINISHED_BY_STATE.format(partition=partition), [UNFINISHED_STATES])
+        return dict(cursor.fetchall())
+
+
+def _drop_day(
+    connection: BaseDatabaseWrapper,
+    day: date,
+    present: list[tuple[str, str]],
+    occurrences: str | None,
+    writes_before: int,
+) -> None:
+    start, end = day_bounds(day)
+    with (
+        transaction.atomic(using=connection.alias),
+        connection.cursor() as cursor,
+        locks_wait_at_most_the_timeout(cursor),
+    ):
+        for table, name in present:
+            cursor.execute(maintenance_sql.LOCK_PARENT_ONLY.format(parent=table))
+            cursor.execute(maintenance_sql.LOCK_PARTITION.format(partition=name))
+        if occurrences is not None:
+            # Nothing writes to the day while these locks are held. Step 1 read the whole day without them; what could
+            # have re-opened a fire since shows here cheaply: the table's write counter moved, a fire of the day
+            # waits in the outbox, or one is running or waiting for a retry (partial indexes).
+            cursor.execute(maintenance_sql.PARTITION_WRITES, [f'"public"."{occurrences}"'])
+            row = cursor.fetchone()
+            cursor.execute(maintenance_sql.DAY_REOPENED.format(partition=occurrences), {"start": start, "end": end})
+            if (int(row[0]) if row else 0) != writes_before or cursor.fetchone()[0]:
+                raise _ChangedDuringCheck
+        for _, name in present:
+            cursor.execute(maintenance_sql.DROP_PARTITION.format(partition=name))
+    for _, name in present:
+        logger.info("dropped partition %s (past the retention, every fire finished)", name, extra={"action": "prune"})
+
+
+def _prune_default(connection: BaseDatabaseWrapper, report: PruneReport, dry_run: bool) -> None:
+    """Rows of days that had no partition when written sit in DEFAULT: the finished ones past the cutoff are deleted
+    (the DELETE re-checks each row's state under its row lock, so a fire re-opened meanwhile stays)."""
+    params: dict[str, Any] = {"cutoff": day_bounds(report.cutoff)[0], "unfinished": UNFINISHED_STATES}
+    with connection.cursor() as cursor:
+        cursor.execute(maintenance_sql.COUNT_DEFAULT_BEFORE, params)
+        finished, unfinished, attempts = cursor.fetchone()
+    report.default_kept = unfinished
+    if dry_run or not (finished or attempts):
+        report.default_deleted = finished
+        return
+    try:
+        with (
+            transaction.atomic(using=connection.alias),
+            connection.cursor() as cursor,
+            locks_wait_at_most_the_timeout(cursor),
+        ):
+            cursor.execute(maintenance_sql.DELETE_FINISHED_DEFAULT_OCCURRENCES, params)
+            report.default_deleted = cursor.rowcount
+            cursor.execute(maintenance_sql.DELETE_DEFAULT_ATTEMPTS, params)
+    except DatabaseError as exc:
+        if sqlstate(exc) != LOCK_NOT_AVAILABLE:
+            raise
+        report.busy["dispatch_occurrence_default"] = f"a lock was busy for more than {lock_timeout_text()}"

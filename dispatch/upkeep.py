@@ -1,13 +1,15 @@
-"""The materializers' upkeep: day partitions a week ahead, made without ever stalling due work.
+"""The materializers' upkeep: day partitions a week ahead, and retention, without ever stalling due work.
 
 It runs on a thread of its own in every materializer (`Materializer.keep_up`), on a connection of its own, in
-autocommit: never inside a batch transaction, and never on the thread that renews the shard leases. Every lock it
-takes waits at most SCHEDULER_UPKEEP_LOCK_TIMEOUT_SECONDS; a task that gave up is tried again after
-SCHEDULER_UPKEEP_RETRY_SECONDS, and said once per streak of failures in the log, every time in
-`scheduler_upkeep_failures_total` (docs/DESIGN.md, "Upkeep").
+autocommit: never inside a batch transaction, and never on the thread that renews the shard leases, so a read of an
+old partition holds up neither. Every lock it takes waits at most SCHEDULER_UPKEEP_LOCK_TIMEOUT_SECONDS; a task that
+gave up is tried again after SCHEDULER_UPKEEP_RETRY_SECONDS, and said once per streak of failures in the log, every
+time in `scheduler_upkeep_failures_total` (docs/DESIGN.md, "Upkeep").
 
-Partitions: every day from yesterday to SCHEDULER_PARTITION_DAYS_AHEAD after today (PostgreSQL's date). Each task
-runs in one materializer at a time (an advisory lock, tried, never waited for).
+1. **Partitions**: every day from yesterday to SCHEDULER_PARTITION_DAYS_AHEAD after today (PostgreSQL's date).
+2. **Retention**: at most once an hour, the days older than SCHEDULER_RETENTION_DAYS whose fires have all finished
+   are dropped (dispatch/partitions.py); a day holding one that can still run is kept and said so.
+Each task runs in one materializer at a time (an advisory lock, tried, never waited for).
 """
 
 from __future__ import annotations
@@ -23,15 +25,21 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from dispatch import counters
 from dispatch.engine.loop import monotonic
-from dispatch.partitions import PARTITIONED_TABLES, ensure_partitions, existing_partition_days
+from dispatch.partitions import (
+    OCCURRENCES,
+    PARTITIONED_TABLES,
+    ensure_partitions,
+    existing_partition_days,
+    prune_partitions,
+)
 from dispatch.sql import maintenance as maintenance_sql
 
 logger = logging.getLogger(__name__)
 
-PARTITIONS = "partitions"
+PARTITIONS, RETENTION = "partitions", "retention"
 # How often each task looks again after a pass that succeeded. Partitions: a new day is wanted once a day and is made
-# a week early, so ten minutes is plenty.
-EVERY_SECONDS = {PARTITIONS: 600.0}
+# a week early, so ten minutes is plenty. Retention: at most once an hour (each pass reads every day past it).
+EVERY_SECONDS = {PARTITIONS: 600.0, RETENTION: 3600.0}
 
 
 class Upkeep:
@@ -47,7 +55,10 @@ class Upkeep:
         """Run each task that is due, in order (partitions first: they are what the data plane needs); `now` is
         PostgreSQL's instant (its UTC date is "today"). True if any task was due."""
         ran = False
-        tasks: dict[str, Callable[[datetime], bool]] = {PARTITIONS: self.make_partitions}
+        tasks: dict[str, Callable[[datetime], bool]] = {
+            PARTITIONS: self.make_partitions,
+            RETENTION: self.enforce_retention,
+        }
         for task, work in tasks.items():
             if self._stopping.is_set() or self.clock() < self._due[task]:
                 continue
@@ -83,6 +94,28 @@ class Upkeep:
             self._failed(PARTITIONS, f"day partitions not created ({', '.join(sorted(report.failed))}): {reasons[0]}")
             return False
         self._recovered(PARTITIONS, f"day partitions created: {', '.join(report.created) or 'none missing'}")
+        return True
+
+    def enforce_retention(self, now: datetime) -> bool:
+        cutoff = now.astimezone(UTC).date() - timedelta(days=settings.SCHEDULER_RETENTION_DAYS)
+        report = prune_partitions(connection, cutoff)
+        counters.PARTITIONS_DROPPED.inc(len(report.dropped))
+        counters.PARTITIONS_KEPT.inc(len(report.kept))
+        for name, states in report.kept.items():
+            logger.warning(
+                "kept partition %s past the retention (%d days): %s can still run; it is dropped once they finish",
+                name,
+                settings.SCHEDULER_RETENTION_DAYS,
+                describe_states(states),
+                extra={"action": "prune_kept"},
+            )
+        if report.dropped:
+            logger.info("dropped %d partitions older than %s", len(report.dropped), cutoff, extra={"action": "prune"})
+        if report.busy:
+            names, why = ", ".join(sorted(report.busy)), sorted(report.busy.values())[0]
+            self._failed(RETENTION, f"partitions past the retention not dropped ({names}): {why}")
+            return False
+        self._recovered(RETENTION, f"dropped {len(report.dropped)} partitions")
         return True
 
     # --- one materializer per task, failures said once ---------------------------------------------------------
@@ -124,14 +157,21 @@ class Upkeep:
             )
 
 
+def describe_states(states: dict[str, int]) -> str:
+    """`{"scheduled": 24}` -> "24 fires (scheduled 24)"."""
+    total = sum(states.values())
+    return f"{total} fires ({', '.join(f'{state} {count}' for state, count in sorted(states.items()))})"
+
+
 # --- what /metrics says of it ------------------------------------------------------------------------------------
 
 
 def upkeep_gauges(cursor) -> Iterator[Metric]:
-    """How many days ahead the partitions are ready."""
+    """Partitions ready ahead and kept past the retention."""
     cursor.execute(maintenance_sql.UPKEEP_FACTS)
     (today,) = cursor.fetchone()
-    ready = set.intersection(*(existing_partition_days(connection, table) for table in PARTITIONED_TABLES))
+    days_of = {table: existing_partition_days(connection, table) for table in PARTITIONED_TABLES}
+    ready = set.intersection(*days_of.values())
     ahead = -1
     while today + timedelta(days=ahead + 1) in ready:
         ahead += 1
@@ -139,4 +179,11 @@ def upkeep_gauges(cursor) -> Iterator[Metric]:
         "scheduler_partitions_days_ahead",
         "Days after today (UTC, PostgreSQL's date) whose partitions exist, in a row; -1 when today's is missing.",
         ahead,
+    )
+    cutoff = today - timedelta(days=settings.SCHEDULER_RETENTION_DAYS)
+    yield GaugeMetricFamily(
+        "scheduler_partitions_past_retention",
+        "Day partitions of occurrences older than SCHEDULER_RETENTION_DAYS still present (holding fires that can "
+        "still run, or not dropped yet).",
+        sum(1 for day in days_of[OCCURRENCES] if day < cutoff),
     )

@@ -352,11 +352,12 @@ SCHEDULER_HANDLER_MODULES = env_list("SCHEDULER_HANDLER_MODULES", [])
 # The webhook handler refuses loopback, private, link-local and reserved addresses (a tenant picks the URL); an
 # operator whose receivers live on a private network allows them here.
 SCHEDULER_WEBHOOK_ALLOW_PRIVATE = env_bool("SCHEDULER_WEBHOOK_ALLOW_PRIVATE", False)
-# Days of occurrences and attempts kept before prune_occurrences drops their partitions.
+# Days of occurrences and attempts kept before their day partitions are dropped: by the materializers' upkeep once
+# an hour, or by prune_occurrences. A day holding a fire that can still run is kept until it has finished.
 SCHEDULER_RETENTION_DAYS = env_int("SCHEDULER_RETENTION_DAYS", 14, minimum=1)
 
-# --- Upkeep (dispatch/upkeep.py, a thread of every materializer): day partitions ---
-# The longest any upkeep statement waits for a lock (partition DDL) before it gives up and tries again
+# --- Upkeep (dispatch/upkeep.py, a thread of every materializer): day partitions, retention ---
+# The longest any upkeep statement waits for a lock (partition DDL, drops) before it gives up and tries again
 # later. A long read of the occurrence table (a report, pg_dump) then pauses the data plane's statements that wait
 # behind the DDL for at most this long, instead of queueing every write until the read ends.
 SCHEDULER_UPKEEP_LOCK_TIMEOUT_SECONDS = env_float(

@@ -134,11 +134,56 @@ DEFAULT_HOLDS_RANGE = (
     'SELECT EXISTS (SELECT 1 FROM "public"."{parent}_default" WHERE scheduled_for >= %s AND scheduled_for < %s)'
 )
 
+# This connection's own writes go into the statistics PARTITION_WRITES reads before the next statement, not seconds
+# later: the first reading then already counts them.
+FLUSH_OWN_STATISTICS = "SELECT pg_stat_force_next_flush()"
+# A day's fires that can still run, by state: a full read of the partition (no index has every unfinished state),
+# under ACCESS SHARE only, so no writer waits for it.
+UNFINISHED_BY_STATE = 'SELECT state, count(*) FROM "public"."{partition}" WHERE state = ANY(%s) GROUP BY state'
+# Rows inserted, updated or deleted in a table so far (the statistics PostgreSQL keeps): read before the check above
+# and again under the drop's locks, it shows that something wrote to the day in between. Backends report their
+# counts when they go idle, within seconds; the outbox and the partial indexes of DAY_REOPENED cover those seconds.
+PARTITION_WRITES = """
+SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_all_tables WHERE relid = %s::regclass
+"""
+# Under the drop's locks: a fire of the day re-opened since the check (a replay, a backfill, a catch-up) is still
+# in the outbox, or already claimed (running, retry_wait: the partial index occurrence_active_by_schedule).
+DAY_REOPENED = """
+SELECT EXISTS (SELECT 1 FROM "public"."{partition}" WHERE state IN ('running', 'retry_wait'))
+    OR EXISTS (SELECT 1 FROM dispatch_outboxmessage AS m, unnest(m.scheduled_fors) AS f(scheduled_for)
+               WHERE f.scheduled_for >= %(start)s AND f.scheduled_for < %(end)s)
+"""
+# Parent before partition, occurrences before attempts: the order PostgreSQL's own DROP of a partition locks them in.
+# A writer holding the attempt table and waiting for the occurrence table closes a cycle with this; the lock timeout
+# (shorter than deadlock_timeout) ends it on this side.
+LOCK_PARENT_ONLY = 'LOCK TABLE ONLY "public"."{parent}" IN ACCESS EXCLUSIVE MODE'
+LOCK_PARTITION = 'LOCK TABLE "public"."{partition}" IN ACCESS EXCLUSIVE MODE'
 DROP_PARTITION = 'DROP TABLE IF EXISTS "public"."{partition}"'
-# Rows of days older than the retention that sat in DEFAULT (no partition existed for their day when written).
-DELETE_DEFAULT_BEFORE = 'DELETE FROM "public"."{parent}_default" WHERE scheduled_for < %s'
-COUNT_DEFAULT_BEFORE = 'SELECT count(*) FROM "public"."{parent}_default" WHERE scheduled_for < %s'
 
+# Rows older than the retention that sat in DEFAULT (no partition existed for their day when written): finished
+# occurrences, unfinished ones (kept), and the attempts that may go (those of no unfinished occurrence).
+COUNT_DEFAULT_BEFORE = """
+SELECT (SELECT count(*) FROM dispatch_occurrence_default
+        WHERE scheduled_for < %(cutoff)s AND NOT state = ANY(%(unfinished)s)),
+       (SELECT count(*) FROM dispatch_occurrence_default
+        WHERE scheduled_for < %(cutoff)s AND state = ANY(%(unfinished)s)),
+       (SELECT count(*) FROM dispatch_attempt_default AS a
+        WHERE a.scheduled_for < %(cutoff)s AND NOT EXISTS (
+            SELECT 1 FROM dispatch_occurrence AS o
+            WHERE o.occurrence_id = a.occurrence_id AND o.scheduled_for = a.scheduled_for
+              AND o.state = ANY(%(unfinished)s)))
+"""
+# The state is re-checked on each row as it is deleted (READ COMMITTED re-reads a row changed meanwhile), so a fire
+# re-opened while this runs stays.
+DELETE_FINISHED_DEFAULT_OCCURRENCES = """
+DELETE FROM dispatch_occurrence_default WHERE scheduled_for < %(cutoff)s AND NOT state = ANY(%(unfinished)s)
+"""
+DELETE_DEFAULT_ATTEMPTS = """
+DELETE FROM dispatch_attempt_default AS a
+WHERE a.scheduled_for < %(cutoff)s AND NOT EXISTS (
+    SELECT 1 FROM dispatch_occurrence AS o
+    WHERE o.occurrence_id = a.occurrence_id AND o.scheduled_for = a.scheduled_for AND o.state = ANY(%(unfinished)s))
+"""
 
 # Each task of the upkeep runs in one materializer at a time (a session lock, tried, never waited for).
 TRY_UPKEEP_LOCK = "SELECT pg_try_advisory_lock(hashtext(%s))"

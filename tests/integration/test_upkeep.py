@@ -1,4 +1,5 @@
-"""The materializers' upkeep (dispatch/upkeep.py): partitions tried again soon when a long read holds their lock.
+"""The materializers' upkeep (dispatch/upkeep.py): partitions tried again soon when a long read holds their lock,
+and days past the retention dropped only once their fires have finished.
 
 These tests commit (transaction=True): upkeep runs in autocommit, and a lock another connection holds is only real
 on committed tables.
@@ -10,15 +11,17 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from io import StringIO
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 
 from dispatch import counters, partitions
+from dispatch.models import Occurrence, OutboxMessage
 from dispatch.upkeep import Upkeep
 from schedules.clock import db_now
 from tests.integration.processes import process_env
@@ -110,3 +113,71 @@ def test_partitions_a_long_read_holds_up_are_tried_again_soon_and_the_failure_is
     assert "logged once until it succeeds" in said[0] and "a lock was busy for more than 200ms" in said[0]
     assert "recovered after 2 failed tries" in said[1]
     assert scrape()["scheduler_partitions_days_ahead"] >= ahead
+
+
+# --- retention -----------------------------------------------------------------------------------------------------
+
+
+def test_pruning_keeps_a_day_a_backfill_left_pending_and_drops_it_once_its_fires_have_finished(tenant_a, make_schedule):
+    """The defect: a backfill of a range older than the retention, then prune_occurrences: its pending fires were
+    dropped with their partition and nothing said so."""
+    old_day = db_now().date() - timedelta(days=settings.SCHEDULER_RETENTION_DAYS + 6)
+    start = datetime(old_day.year, old_day.month, old_day.day, tzinfo=UTC)
+    schedule = make_schedule(tenant_a.tenant, name="old-range", cron="0 * * * *", now=start - timedelta(hours=1))
+    until = start + timedelta(days=1)
+    out = command("backfill", str(schedule.id), "--since", start.isoformat(), "--until", until.isoformat())
+    assert "created 24" in out
+    name = partitions.partition_name("dispatch_occurrence", old_day)
+
+    out = command("prune_occurrences")
+
+    assert f"Kept {name}: 24 fires (scheduled 24) can still run" in out, out
+    assert old_day in days_of() and old_day in days_of("dispatch_attempt")
+    assert Occurrence.objects.filter(schedule_id=schedule.id, state="scheduled").count() == 24
+    assert scrape()["scheduler_partitions_past_retention"] >= 1
+
+    # The fires run: finished, their envelopes settled away by the relay.
+    Occurrence.objects.filter(schedule_id=schedule.id).update(state="succeeded", finished_at=db_now())
+    OutboxMessage.objects.filter(scheduled_fors__overlap=[start + timedelta(hours=n) for n in range(24)]).delete()
+    out = command("prune_occurrences")
+
+    assert name in out and "Kept" not in out, out
+    assert old_day not in days_of() and old_day not in days_of("dispatch_attempt")
+
+
+def test_the_materializers_upkeep_drops_days_past_the_retention_by_itself_at_most_once_an_hour(tenant_a):
+    now = db_now()
+    old = now.date() - timedelta(days=settings.SCHEDULER_RETENTION_DAYS + 5)
+    partitions.ensure_partitions(connection, old, old)
+    clock = DrivenClock()
+    upkeep = Upkeep(clock=clock)
+    dropped = counters.stored_value("scheduler_partitions_dropped")
+
+    upkeep.run_due(now)
+
+    assert old not in days_of() and old not in days_of("dispatch_attempt")
+    older = old - timedelta(days=1)
+    partitions.ensure_partitions(connection, older, older)
+    clock.advance(3599)
+    upkeep.run_due(now)
+    assert older in days_of(), "an hour has not passed since the last pass"
+    clock.advance(1)
+    upkeep.run_due(now)
+    assert older not in days_of()
+    assert counters.stored_value("scheduler_partitions_dropped") == dropped + 4
+
+
+def test_rows_in_default_past_the_retention_go_only_once_finished(tenant_a, make_schedule, make_occurrence):
+    """Rows of a day that had no partition sit in DEFAULT; pruning deletes them row by row, the finished ones."""
+    old = db_now() - timedelta(days=settings.SCHEDULER_RETENTION_DAYS + 40)
+    assert old.date() not in days_of()
+    schedule = make_schedule(tenant_a.tenant, name="in-default")
+    pending = make_occurrence(schedule, at=old, state="retry_wait")
+    make_occurrence(schedule, at=old + timedelta(minutes=1), state="succeeded")
+
+    out = command("prune_occurrences")
+
+    assert "Deleted 1 finished rows of DEFAULT" in out and "Kept 1 rows of DEFAULT" in out, out
+    assert list(Occurrence.objects.filter(schedule_id=schedule.id).values_list("occurrence_id", flat=True)) == [
+        pending.occurrence_id
+    ]

@@ -1,5 +1,5 @@
 """Upkeep never stalls due work, with the real processes: a long read of the occurrence table while day partitions
-are due costs the fires nothing.
+are due costs the fires nothing, and a drop that cannot take its lock gives up instead of queueing every writer.
 
 Each test runs the product's processes against committed rows while another connection holds the table, as a long
 report or pg_dump does.
@@ -14,12 +14,13 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.db import connection
 
 from dispatch import counters, partitions
 from dispatch.models import Attempt, Occurrence
 from dispatch.queues import STRICT_QUEUE
 from schedules.clock import db_now
-from tests.integration.processes import ROOT
+from tests.integration.processes import ROOT, process_env, run_manage
 from tests.integration.test_faults_connections import Running, one_off_in
 from tests.integration.test_faults_time import drop_partitions_from
 from tests.integration.test_relay_process import drain_queue, wait_for
@@ -94,3 +95,33 @@ def test_a_long_read_while_partitions_are_due_delays_no_fire_and_the_partitions_
     assert "upkeep (partitions) recovered after" in log, log[-3000:]
     assert counters.stored_value("scheduler_upkeep_failures", task="partitions") >= 1
     drain_queue(STRICT_QUEUE)
+
+
+def test_prune_gives_up_on_a_lock_a_long_read_holds_instead_of_queueing_every_writer_behind_it(tenant_a):
+    old = db_now().date() - timedelta(days=settings.SCHEDULER_RETENTION_DAYS + 3)
+    partitions.ensure_partitions(connection, old, old)
+    name = partitions.partition_name("dispatch_occurrence", old)
+
+    with long_read():
+        # Without a lock timeout the DROP waits for the read, and the command with it, past this deadline.
+        finished = run_manage("prune_occurrences", env=process_env(SCHEDULER_UPKEEP_LOCK_TIMEOUT_SECONDS="0.2"))
+        assert old in days_of()
+
+    assert finished.returncode == 1, finished.stdout + finished.stderr
+    assert f"{name}: a lock was busy for more than 200ms" in finished.stderr, finished.stderr
+    assert "run the command again later" in finished.stderr
+    assert "Traceback" not in finished.stderr
+    again = run_manage("prune_occurrences")
+    assert again.returncode == 0 and name in again.stdout, again.stdout + again.stderr
+    assert old not in days_of()
+
+
+def test_a_materializer_process_drops_days_past_the_retention_by_itself(tenant_a):
+    old = db_now().date() - timedelta(days=settings.SCHEDULER_RETENTION_DAYS + 2)
+    partitions.ensure_partitions(connection, old, old)
+
+    finished = run_manage("materialize", "--once", "--name", "retention-process")
+
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert old not in days_of() and old not in days_of("dispatch_attempt")
+    assert "dropped 2 partitions older than" in finished.stderr, finished.stderr[-3000:]
