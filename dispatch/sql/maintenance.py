@@ -185,13 +185,55 @@ WHERE a.scheduled_for < %(cutoff)s AND NOT EXISTS (
     WHERE o.occurrence_id = a.occurrence_id AND o.scheduled_for = a.scheduled_for AND o.state = ANY(%(unfinished)s))
 """
 
+# --- vacuum where autovacuum is off (dispatch/upkeep.py) ----------------------------------------------------------
+
+# The tables autovacuum does not look after (off on the server, or autovacuum_enabled=false on the table) whose dead
+# row versions passed the threshold: `base` plus `scale` of their live rows, autovacuum's own formula. The name comes
+# quoted by PostgreSQL (format %I), ready for VACUUM. Every schema: the engine tables and tenants' own alike.
+VACUUM_CANDIDATES = """
+SELECT format('%%I.%%I', s.schemaname, s.relname), s.relname, s.n_dead_tup, s.n_live_tup
+FROM pg_stat_user_tables AS s
+JOIN pg_class AS c ON c.oid = s.relid
+WHERE s.n_dead_tup > %(base)s + %(scale)s * s.n_live_tup
+  AND (NOT current_setting('autovacuum')::boolean
+       OR EXISTS (SELECT 1 FROM unnest(c.reloptions) AS o(option)
+                  WHERE split_part(o.option, '=', 1) = 'autovacuum_enabled'
+                    AND NOT split_part(o.option, '=', 2)::boolean))
+ORDER BY s.n_dead_tup DESC
+"""
+# Throttled as autovacuum is by default (2 ms after every 200 cost units), so it shares the disk with the hot path
+# instead of taking it; SKIP_LOCKED skips a table whose lock is taken (another VACUUM, a migration); no truncation,
+# whose ACCESS EXCLUSIVE lock would pause every writer of the table. ANALYZE too: autovacuum's other half.
+VACUUM_THROTTLE = "SELECT set_config('vacuum_cost_delay', %s, false), set_config('vacuum_cost_limit', %s, false)"
+VACUUM_SETTINGS_NOW = (
+    "SELECT current_setting('vacuum_cost_delay'), current_setting('vacuum_cost_limit'), current_setting('lock_timeout')"
+)
+VACUUM_TABLE = "VACUUM (SKIP_LOCKED, TRUNCATE false, ANALYZE) {table}"
+DEAD_TUPLES_OF = "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = %s::regclass"
+
 # Each task of the upkeep runs in one materializer at a time (a session lock, tried, never waited for).
 TRY_UPKEEP_LOCK = "SELECT pg_try_advisory_lock(hashtext(%s))"
 RELEASE_UPKEEP_LOCK = "SELECT pg_advisory_unlock(hashtext(%s))"
 
-# --- what /metrics says of the upkeep ------------------------------------------------------------------------------
+# --- what /metrics and /healthz say of the upkeep -----------------------------------------------------------------
 
-UPKEEP_FACTS = "SELECT (clock_timestamp() AT TIME ZONE 'UTC')::date"
+UPKEEP_FACTS = """
+SELECT (clock_timestamp() AT TIME ZONE 'UTC')::date, current_setting('autovacuum')::boolean
+"""
+# The engine's tables with the most dead row versions, and whether autovacuum looks after each (the public schema
+# only: a scrape must not read the statistics of every tenant schema's tables).
+DEAD_TUPLES = """
+SELECT s.relname, s.n_dead_tup, s.n_live_tup,
+       current_setting('autovacuum')::boolean
+       AND NOT EXISTS (SELECT 1 FROM unnest(c.reloptions) AS o(option)
+                       WHERE split_part(o.option, '=', 1) = 'autovacuum_enabled'
+                         AND NOT split_part(o.option, '=', 2)::boolean)
+FROM pg_stat_user_tables AS s
+JOIN pg_class AS c ON c.oid = s.relid
+WHERE s.schemaname = 'public'
+ORDER BY s.n_dead_tup DESC
+LIMIT %(limit)s
+"""
 
 
 # --- stuck occurrences (dispatch/stuck.py) -------------------------------------------------------------------------

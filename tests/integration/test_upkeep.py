@@ -1,5 +1,5 @@
 """The materializers' upkeep (dispatch/upkeep.py): partitions tried again soon when a long read holds their lock,
-and days past the retention dropped only once their fires have finished.
+days past the retention dropped only once their fires have finished, and VACUUM where autovacuum is off.
 
 These tests commit (transaction=True): upkeep runs in autocommit, and a lock another connection holds is only real
 on committed tables.
@@ -19,12 +19,13 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
+from django.test import Client
 
 from dispatch import counters, partitions
 from dispatch.models import Occurrence, OutboxMessage
 from dispatch.upkeep import Upkeep
 from schedules.clock import db_now
-from tests.integration.processes import process_env
+from tests.integration.processes import process_env, run_manage
 from tests.integration.test_faults_time import drop_partitions_from
 from tests.integration.test_metrics import scrape
 
@@ -181,3 +182,69 @@ def test_rows_in_default_past_the_retention_go_only_once_finished(tenant_a, make
     assert list(Occurrence.objects.filter(schedule_id=schedule.id).values_list("occurrence_id", flat=True)) == [
         pending.occurrence_id
     ]
+
+
+# --- vacuum --------------------------------------------------------------------------------------------------------
+
+CHURNED = "dispatch_tenant_running"
+CHURN_ROWS, CHURN_UPDATES = 200, 60
+
+
+def dead_tuples(table: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = %s", [table])
+        return cursor.fetchone()[0]
+
+
+@pytest.fixture
+def churned_table(tenant_a) -> Iterator[str]:
+    """Running counts of 200 tenants (ids no tenant has) updated 60 times each: 12,000 dead row versions, in a table
+    autovacuum is told to leave alone (so the test holds on a server that runs autovacuum too)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {CHURNED} SET (autovacuum_enabled = false)")
+        cursor.execute(
+            f"INSERT INTO {CHURNED} (tenant_id, running) SELECT -n, 0 FROM generate_series(1, %s) AS n",
+            [CHURN_ROWS],
+        )
+        cursor.execute(
+            f"DO $$ BEGIN FOR i IN 1..{CHURN_UPDATES} LOOP "
+            f"UPDATE {CHURNED} SET throttled_claims = throttled_claims + 1 WHERE tenant_id < 0; END LOOP; END $$"
+        )
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    try:
+        wait_for(lambda: dead_tuples(CHURNED) >= CHURN_ROWS * CHURN_UPDATES, 30, "the statistics to count the churn")
+        yield CHURNED
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {CHURNED} WHERE tenant_id < 0")
+            cursor.execute(f"ALTER TABLE {CHURNED} RESET (autovacuum_enabled)")
+
+
+def healthz() -> tuple[int, dict]:
+    response = Client(HTTP_HOST="localhost").get("/healthz")
+    return response.status_code, response.json()
+
+
+def test_the_upkeep_vacuums_a_churned_table_autovacuum_leaves_alone_and_healthz_says_so_until_then(
+    churned_table, settings
+):
+    threshold = 100  # and a fifth of the live rows: 140 for this table
+    settings.SCHEDULER_VACUUM_DEAD_TUPLES = threshold
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('autovacuum')::boolean")
+        server_autovacuum = cursor.fetchone()[0]
+    status, body = healthz()
+    assert status == 503 and body["status"] == "degraded"
+    assert any(reason.startswith(f"table {churned_table} has ") for reason in body["reasons"]), body
+    assert body["autovacuum"] == ("on" if server_autovacuum else "off")
+    assert server_autovacuum or body["warnings"][0].startswith("autovacuum is off on the PostgreSQL server")
+    assert scrape()["scheduler_autovacuum_enabled"] == int(server_autovacuum)
+
+    finished = run_manage("materialize", "--once", env=process_env(SCHEDULER_VACUUM_DEAD_TUPLES=str(threshold)))
+
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert f"vacuumed public.{churned_table}: " in finished.stderr, finished.stderr[-3000:]
+    assert dead_tuples(churned_table) < threshold + 0.2 * CHURN_ROWS
+    _, body = healthz()
+    assert not any(churned_table in reason for reason in body["reasons"]), body
+    assert counters.stored_value("scheduler_upkeep_vacuums", table=churned_table) >= 1
