@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from dispatch import counters
 from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE
 from dispatch.sql import metrics as metrics_sql
+from dispatch.upkeep import upkeep_gauges
 
 logger = logging.getLogger(__name__)
 
@@ -214,6 +215,8 @@ def _gauges(cursor) -> Iterator[Metric]:
     for role, seconds in cursor.fetchall():
         skew.add_metric([role], float(seconds))
     yield skew
+
+    yield from upkeep_gauges(cursor)
 
 
 def live_heartbeat_seconds() -> float:

@@ -1,9 +1,13 @@
 """/healthz: whether the platform keeps its promise now, not only whether the web process runs.
 
-200 `ok` only when PostgreSQL and RabbitMQ answer, a materializer and a relay wrote a heartbeat recently, and no
-active cursor is more than SCHEDULER_HEALTH_BEHIND_SECONDS in the past. Otherwise 503: `unavailable` when the
-database or the broker is down, `degraded` when they answer but fires would not go out on time, with the reasons.
+200 `ok` only when PostgreSQL and RabbitMQ answer, a materializer and a relay wrote a heartbeat recently, no
+active cursor is more than SCHEDULER_HEALTH_BEHIND_SECONDS in the past, and no table that autovacuum does not look
+after is ten times past its vacuum threshold. Otherwise 503: `unavailable` when the database or the broker is down,
+`degraded` when they answer but fires would not go out on time (or soon would not), with the reasons.
 A readiness and alerting signal for the platform; restarting the web process would mend none of these.
+
+`autovacuum` says whether the server runs it; when it does not, `warnings` says so and the answer stays 200 as long
+as the materializers' upkeep keeps the tables vacuumed (dispatch/upkeep.py).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from kombu import Connection
 
 from dispatch.metrics import live_heartbeat_seconds
 from dispatch.sql import metrics as metrics_sql
+from dispatch.upkeep import vacuum_health
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +39,16 @@ def _engine() -> tuple[int, int, float] | None:
             )
             materializers, relays, behind = cursor.fetchone()
         return materializers, relays, float(behind or 0)
+    except Exception:
+        logger.warning("health check: database unreachable", exc_info=True, extra={"action": "healthz"})
+        return None
+
+
+def _vacuum() -> tuple[str, list[str], list[str]] | None:
+    """vacuum_health's (autovacuum, warnings, reasons), or None when the database does not answer."""
+    try:
+        with connection.cursor() as cursor:
+            return vacuum_health(cursor)
     except Exception:
         logger.warning("health check: database unreachable", exc_info=True, extra={"action": "healthz"})
         return None
@@ -72,5 +87,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
             reasons.append(f"no relay wrote a heartbeat in the last {ttl:.0f} s")
         if behind > limit:
             reasons.append(f"the earliest active cursor is {behind:.0f} s behind now (limit {limit:.0f} s)")
+    vacuum = _vacuum() if engine else None
+    if vacuum:
+        body["autovacuum"], body["warnings"], vacuum_reasons = vacuum
+        reasons.extend(vacuum_reasons)
     status = "ok" if not reasons else ("unavailable" if not (engine and broker) else "degraded")
     return JsonResponse({"status": status, **body, "reasons": reasons}, status=200 if status == "ok" else 503)

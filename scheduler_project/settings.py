@@ -375,8 +375,26 @@ SCHEDULER_HANDLER_MODULES = env_list("SCHEDULER_HANDLER_MODULES", [])
 # The webhook handler refuses loopback, private, link-local and reserved addresses (a tenant picks the URL); an
 # operator whose receivers live on a private network allows them here.
 SCHEDULER_WEBHOOK_ALLOW_PRIVATE = env_bool("SCHEDULER_WEBHOOK_ALLOW_PRIVATE", False)
-# Days of occurrences and attempts kept before prune_occurrences drops their partitions.
+# Days of occurrences and attempts kept before their day partitions are dropped: by the materializers' upkeep once
+# an hour, or by prune_occurrences. A day holding a fire that can still run is kept until it has finished.
 SCHEDULER_RETENTION_DAYS = env_int("SCHEDULER_RETENTION_DAYS", 14, minimum=1)
+
+# --- Upkeep (dispatch/upkeep.py, a thread of every materializer): day partitions, retention, vacuum ---
+# The longest any upkeep statement waits for a lock (partition DDL, drops, VACUUM) before it gives up and tries again
+# later. A long read of the occurrence table (a report, pg_dump) then pauses the data plane's statements that wait
+# behind the DDL for at most this long, instead of queueing every write until the read ends.
+SCHEDULER_UPKEEP_LOCK_TIMEOUT_SECONDS = env_float(
+    "SCHEDULER_UPKEEP_LOCK_TIMEOUT_SECONDS", 0.25, minimum=0.001, maximum=10.0
+)
+# How soon an upkeep task that gave up (a lock busy past the timeout) or failed is tried again.
+SCHEDULER_UPKEEP_RETRY_SECONDS = env_float("SCHEDULER_UPKEEP_RETRY_SECONDS", 60.0, minimum=0.1)
+# Day partitions are kept ready this many days after today, so days of failed tries cost nothing: rows of a day
+# without its partition land in DEFAULT, and the day can never have a partition of its own after that.
+SCHEDULER_PARTITION_DAYS_AHEAD = env_int("SCHEDULER_PARTITION_DAYS_AHEAD", 7, minimum=2, maximum=60)
+# A table autovacuum does not look after (off on the server, or autovacuum_enabled=false on the table) is vacuumed
+# by the upkeep once its dead row versions pass this many plus a fifth of its live rows (autovacuum's own formula,
+# with a larger base: the upkeep checks once a minute, not every few seconds).
+SCHEDULER_VACUUM_DEAD_TUPLES = env_int("SCHEDULER_VACUUM_DEAD_TUPLES", 10_000, minimum=1)
 
 # Fault injection (dispatch/engine/faults.py): a crash point's name makes the process die there, at the
 # SCHEDULER_FAULT_AFTER-th pass. Empty (the default) in every real deployment.

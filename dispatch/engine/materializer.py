@@ -7,6 +7,7 @@ Each process leases a fair share of the logical shards and, per batch, in ONE tr
 4. inserts the occurrences (conflicts ignored) and outbox envelopes for the new, enqueueable ones;
 5. advances each cursor only where version and old cursor still match; a one-off whose occurrence ended
    becomes completed in the maintenance pass.
+Day partitions, retention and vacuum are the upkeep's (dispatch/upkeep.py), on a thread of its own.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from dispatch.engine.leases import reap_expired_leases
 from dispatch.engine.loop import Outage, StopFlag, default_process_name, freeze_startup_heap, monotonic, run_loop
 from dispatch.errors import ShardCountMismatch
 from dispatch.outbox import Fire, enqueue
-from dispatch.partitions import ensure_partitions
 from dispatch.planning import MISSED, DueSchedule, Plan, Walk, walk_fires, walk_key
 from dispatch.queues import queue_for_lane
 from dispatch.quotas import pace_planned
 from dispatch.sql import PreparedCursor
 from dispatch.sql import leases as lease_sql
 from dispatch.sql import materialize as materialize_sql
+from dispatch.upkeep import Upkeep
 from schedules.clock import db_now
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class Materializer:
         self._next_maintenance = 0.0
         self._rotation = 0
         self.stop = StopFlag()
+        self.upkeep = Upkeep()
         self.outage = Outage()  # one for the main loop and the batch threads: an outage is logged once
 
     # --- leases ------------------------------------------------------------------------------------------------
@@ -163,10 +165,7 @@ class Materializer:
             # driven `now`: a test's future instant would reap leases that are still alive.
             reap_expired_leases()
             self.complete_fired_one_offs()
-        now = now or self.clock()
-        # Partition DDL happens outside the batch transaction: it locks the parent table briefly.
-        ensure_partitions(connection, (now - timedelta(days=1)).date(), (now + self.horizon + timedelta(days=2)).date())
-        return self.materialize_batch(now) > 0
+        return self.materialize_batch(now or self.clock()) > 0
 
     def materialize_batch(self, now: datetime) -> int:
         """Plan and write one batch; returns the number of schedules processed."""
@@ -376,14 +375,29 @@ class Materializer:
     def write_batches(self) -> None:
         """The loop of a batch thread: batches until stopped, on a connection of its own (Django's are per thread).
 
-        The main thread's step() keeps the leases, the heartbeat and the partitions, and writes batches too; the
-        other threads only write batches, so PostgreSQL works on one while Python plans the next.
+        The main thread's step() keeps the leases and the heartbeat, and writes batches too; the other threads only
+        write batches, so PostgreSQL works on one while Python plans the next.
         """
         try:
             run_loop(
                 lambda: self.materialize_batch(self.clock()) > 0,
                 self.stop,
                 idle_seconds=settings.SCHEDULER_MATERIALIZE_IDLE_SECONDS,
+                on_error=lambda exc: connection.close(),
+                outage=self.outage,
+            )
+        finally:
+            connection.close()
+
+    def keep_up(self) -> None:
+        """The upkeep thread: day partitions, retention and vacuum when due (dispatch/upkeep.py), on a connection of
+        its own in autocommit. Apart from the main thread, so a long VACUUM never delays the lease renewals, and from
+        the batches, so no upkeep lock is ever taken inside a batch transaction."""
+        try:
+            run_loop(
+                lambda: self.upkeep.run_due(self.clock()),
+                self.stop,
+                idle_seconds=self.upkeep.seconds_until_due,
                 on_error=lambda exc: connection.close(),
                 outage=self.outage,
             )
@@ -400,14 +414,17 @@ class Materializer:
             threading.Thread(target=self.write_batches, name=f"{self.name}-batches-{n + 1}", daemon=True)
             for n in range(0 if once else self.threads - 1)
         ]
+        upkeep = [] if once else [threading.Thread(target=self.keep_up, name=f"{self.name}-upkeep", daemon=True)]
         if helpers:
             # A thread whose PostgreSQL round trip has returned waits for the GIL while another plans: up to the
             # switch interval, 5 ms by default, with its backend idle and its row locks held. 0.1 ms measured
             # 23,800 -> 27,700 schedules/s with two threads (docs/BENCHMARKS.md, "Materialization").
             sys.setswitchinterval(0.0001)
         try:
-            for helper in helpers:
+            for helper in helpers + upkeep:
                 helper.start()
+            if once:
+                self.upkeep.run_due(self.clock())
             run_loop(
                 self.step,
                 self.stop,
@@ -417,9 +434,9 @@ class Materializer:
                 outage=self.outage,
             )
         finally:
-            if helpers:
-                self.stop.set()  # a failure of the main loop stops the batch threads too
-            for helper in helpers:
+            self.stop.set()  # a failure of the main loop stops the other threads too
+            self.upkeep.interrupt()
+            for helper in helpers + upkeep:
                 helper.join(timeout=30)
             try:
                 self.release_all()

@@ -109,15 +109,131 @@ JOIN pg_namespace ns ON ns.oid = parent.relnamespace
 WHERE parent.relname = %s AND ns.nspname = 'public'
 """
 
-# Identifiers cannot be parameters: {partition} and {parent} are formatted in from names this module builds
+# Every upkeep transaction bounds its lock waits (SET LOCAL semantics: is_local true), and puts the caller's value
+# back when it is done, so a migration that calls it keeps its own setting for what follows.
+CURRENT_LOCK_TIMEOUT = "SELECT current_setting('lock_timeout')"
+SET_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, %s)"
+
+# Identifiers cannot be parameters: {partition} and {parent} are formatted in from names partitions.py builds
 # (table names from a fixed tuple, days from dates), never from input.
-CREATE_DAY_PARTITION = (
-    'CREATE TABLE IF NOT EXISTS "public"."{partition}" PARTITION OF "public"."{parent}" FOR VALUES FROM (%s) TO (%s)'
+#
+# A day is made in two statements, not `CREATE TABLE ... PARTITION OF`, which takes ACCESS EXCLUSIVE on the parent:
+# while that waits behind a long read, every COPY, settle and claim queues behind it. LIKE takes ACCESS SHARE on the
+# parent; ATTACH takes SHARE UPDATE EXCLUSIVE on it (no read or write conflicts with that), ACCESS EXCLUSIVE on the
+# new table (nobody uses it yet) and on DEFAULT, which it scans for rows of the day (docs/DESIGN.md, "Upkeep": the
+# locks measured in pg_locks). The attach builds the parent's indexes and constraints on the empty table.
+CREATE_DAY_TABLE = (
+    'CREATE TABLE IF NOT EXISTS "public"."{partition}" '
+    '(LIKE "public"."{parent}" INCLUDING DEFAULTS INCLUDING CONSTRAINTS)'
 )
+ATTACH_DAY_PARTITION = (
+    'ALTER TABLE "public"."{parent}" ATTACH PARTITION "public"."{partition}" FOR VALUES FROM (%s) TO (%s)'
+)
+# Whether DEFAULT holds rows of a day (PostgreSQL would refuse its partition): read without a conflicting lock.
+DEFAULT_HOLDS_RANGE = (
+    'SELECT EXISTS (SELECT 1 FROM "public"."{parent}_default" WHERE scheduled_for >= %s AND scheduled_for < %s)'
+)
+
+# This connection's own writes go into the statistics PARTITION_WRITES reads before the next statement, not seconds
+# later: the first reading then already counts them.
+FLUSH_OWN_STATISTICS = "SELECT pg_stat_force_next_flush()"
+# A day's fires that can still run, by state: a full read of the partition (no index has every unfinished state),
+# under ACCESS SHARE only, so no writer waits for it.
+UNFINISHED_BY_STATE = 'SELECT state, count(*) FROM "public"."{partition}" WHERE state = ANY(%s) GROUP BY state'
+# Rows inserted, updated or deleted in a table so far (the statistics PostgreSQL keeps): read before the check above
+# and again under the drop's locks, it shows that something wrote to the day in between. Backends report their
+# counts when they go idle, within seconds; the outbox and the partial indexes of DAY_REOPENED cover those seconds.
+PARTITION_WRITES = """
+SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_all_tables WHERE relid = %s::regclass
+"""
+# Under the drop's locks: a fire of the day re-opened since the check (a replay, a backfill, a catch-up) is still
+# in the outbox, or already claimed (running, retry_wait: the partial index occurrence_active_by_schedule).
+DAY_REOPENED = """
+SELECT EXISTS (SELECT 1 FROM "public"."{partition}" WHERE state IN ('running', 'retry_wait'))
+    OR EXISTS (SELECT 1 FROM dispatch_outboxmessage AS m, unnest(m.scheduled_fors) AS f(scheduled_for)
+               WHERE f.scheduled_for >= %(start)s AND f.scheduled_for < %(end)s)
+"""
+# Parent before partition, occurrences before attempts: the order PostgreSQL's own DROP of a partition locks them in.
+# A writer holding the attempt table and waiting for the occurrence table closes a cycle with this; the lock timeout
+# (shorter than deadlock_timeout) ends it on this side.
+LOCK_PARENT_ONLY = 'LOCK TABLE ONLY "public"."{parent}" IN ACCESS EXCLUSIVE MODE'
+LOCK_PARTITION = 'LOCK TABLE "public"."{partition}" IN ACCESS EXCLUSIVE MODE'
 DROP_PARTITION = 'DROP TABLE IF EXISTS "public"."{partition}"'
-# Rows of days older than the retention that sat in DEFAULT (no partition existed for their day when written).
-DELETE_DEFAULT_BEFORE = 'DELETE FROM "public"."{parent}_default" WHERE scheduled_for < %s'
-COUNT_DEFAULT_BEFORE = 'SELECT count(*) FROM "public"."{parent}_default" WHERE scheduled_for < %s'
+
+# Rows older than the retention that sat in DEFAULT (no partition existed for their day when written): finished
+# occurrences, unfinished ones (kept), and the attempts that may go (those of no unfinished occurrence).
+COUNT_DEFAULT_BEFORE = """
+SELECT (SELECT count(*) FROM dispatch_occurrence_default
+        WHERE scheduled_for < %(cutoff)s AND NOT state = ANY(%(unfinished)s)),
+       (SELECT count(*) FROM dispatch_occurrence_default
+        WHERE scheduled_for < %(cutoff)s AND state = ANY(%(unfinished)s)),
+       (SELECT count(*) FROM dispatch_attempt_default AS a
+        WHERE a.scheduled_for < %(cutoff)s AND NOT EXISTS (
+            SELECT 1 FROM dispatch_occurrence AS o
+            WHERE o.occurrence_id = a.occurrence_id AND o.scheduled_for = a.scheduled_for
+              AND o.state = ANY(%(unfinished)s)))
+"""
+# The state is re-checked on each row as it is deleted (READ COMMITTED re-reads a row changed meanwhile), so a fire
+# re-opened while this runs stays.
+DELETE_FINISHED_DEFAULT_OCCURRENCES = """
+DELETE FROM dispatch_occurrence_default WHERE scheduled_for < %(cutoff)s AND NOT state = ANY(%(unfinished)s)
+"""
+DELETE_DEFAULT_ATTEMPTS = """
+DELETE FROM dispatch_attempt_default AS a
+WHERE a.scheduled_for < %(cutoff)s AND NOT EXISTS (
+    SELECT 1 FROM dispatch_occurrence AS o
+    WHERE o.occurrence_id = a.occurrence_id AND o.scheduled_for = a.scheduled_for AND o.state = ANY(%(unfinished)s))
+"""
+
+# --- vacuum where autovacuum is off (dispatch/upkeep.py) ----------------------------------------------------------
+
+# The tables autovacuum does not look after (off on the server, or autovacuum_enabled=false on the table) whose dead
+# row versions passed the threshold: `base` plus `scale` of their live rows, autovacuum's own formula. The name comes
+# quoted by PostgreSQL (format %I), ready for VACUUM. Every schema: the engine tables and tenants' own alike.
+VACUUM_CANDIDATES = """
+SELECT format('%%I.%%I', s.schemaname, s.relname), s.relname, s.n_dead_tup, s.n_live_tup
+FROM pg_stat_user_tables AS s
+JOIN pg_class AS c ON c.oid = s.relid
+WHERE s.n_dead_tup > %(base)s + %(scale)s * s.n_live_tup
+  AND (NOT current_setting('autovacuum')::boolean
+       OR EXISTS (SELECT 1 FROM unnest(c.reloptions) AS o(option)
+                  WHERE split_part(o.option, '=', 1) = 'autovacuum_enabled'
+                    AND NOT split_part(o.option, '=', 2)::boolean))
+ORDER BY s.n_dead_tup DESC
+"""
+# Throttled as autovacuum is by default (2 ms after every 200 cost units), so it shares the disk with the hot path
+# instead of taking it; SKIP_LOCKED skips a table whose lock is taken (another VACUUM, a migration); no truncation,
+# whose ACCESS EXCLUSIVE lock would pause every writer of the table. ANALYZE too: autovacuum's other half.
+VACUUM_THROTTLE = "SELECT set_config('vacuum_cost_delay', %s, false), set_config('vacuum_cost_limit', %s, false)"
+VACUUM_SETTINGS_NOW = (
+    "SELECT current_setting('vacuum_cost_delay'), current_setting('vacuum_cost_limit'), current_setting('lock_timeout')"
+)
+VACUUM_TABLE = "VACUUM (SKIP_LOCKED, TRUNCATE false, ANALYZE) {table}"
+DEAD_TUPLES_OF = "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = %s::regclass"
+
+# Each task of the upkeep runs in one materializer at a time (a session lock, tried, never waited for).
+TRY_UPKEEP_LOCK = "SELECT pg_try_advisory_lock(hashtext(%s))"
+RELEASE_UPKEEP_LOCK = "SELECT pg_advisory_unlock(hashtext(%s))"
+
+# --- what /metrics and /healthz say of the upkeep -----------------------------------------------------------------
+
+UPKEEP_FACTS = """
+SELECT (clock_timestamp() AT TIME ZONE 'UTC')::date, current_setting('autovacuum')::boolean
+"""
+# The engine's tables with the most dead row versions, and whether autovacuum looks after each (the public schema
+# only: a scrape must not read the statistics of every tenant schema's tables).
+DEAD_TUPLES = """
+SELECT s.relname, s.n_dead_tup, s.n_live_tup,
+       current_setting('autovacuum')::boolean
+       AND NOT EXISTS (SELECT 1 FROM unnest(c.reloptions) AS o(option)
+                       WHERE split_part(o.option, '=', 1) = 'autovacuum_enabled'
+                         AND NOT split_part(o.option, '=', 2)::boolean)
+FROM pg_stat_user_tables AS s
+JOIN pg_class AS c ON c.oid = s.relid
+WHERE s.schemaname = 'public'
+ORDER BY s.n_dead_tup DESC
+LIMIT %(limit)s
+"""
 
 
 # --- stuck occurrences (dispatch/stuck.py) -------------------------------------------------------------------------

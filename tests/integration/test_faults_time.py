@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connection
 
 from dispatch import partitions
@@ -28,7 +29,6 @@ def drop_partitions_from(first_day: date) -> None:
             if day >= first_day:
                 with connection.cursor() as cursor:
                     cursor.execute(f'DROP TABLE "public"."{partitions.partition_name(table, day)}"')
-    partitions._known.clear()
 
 
 def rows_in_default(schedule_id) -> int:
@@ -37,7 +37,7 @@ def rows_in_default(schedule_id) -> int:
         return cursor.fetchone()[0]
 
 
-def test_a_week_after_migrate_the_materializer_makes_the_missing_partitions_in_autocommit(tenant_a):
+def test_a_week_after_migrate_the_materializers_upkeep_makes_the_missing_partitions_in_autocommit(tenant_a):
     week_later = (db_now() + timedelta(days=8)).replace(second=0, microsecond=0)
     drop_partitions_from(week_later.date() - timedelta(days=1))
     schedule, _ = services.create_schedule(
@@ -47,13 +47,15 @@ def test_a_week_after_migrate_the_materializer_makes_the_missing_partitions_in_a
         now=week_later,
     )
     materializer = materializer_holding_every_shard("week-later")
-    assert connection.get_autocommit(), "the materializer's loop runs between transactions"
+    assert connection.get_autocommit(), "the materializer's upkeep runs between transactions"
 
+    assert materializer.upkeep.run_due(week_later)
     run_materializer(materializer, week_later, week_later + timedelta(minutes=5))
 
+    ahead = settings.SCHEDULER_PARTITION_DAYS_AHEAD
     for table in partitions.PARTITIONED_TABLES:
         days = partitions.existing_partition_days(connection, table)
-        assert {week_later.date() + timedelta(days=n) for n in range(-1, 3)} <= days, table
+        assert {week_later.date() + timedelta(days=n) for n in range(-1, ahead + 1)} <= days, table
     fired = Occurrence.objects.filter(schedule_id=schedule.id).count()
     assert fired >= 5
     assert rows_in_default(schedule.id) == 0, "each fire lands in its own day's partition, not in DEFAULT"
@@ -81,9 +83,10 @@ def test_a_day_refused_because_default_holds_its_rows_does_not_stop_the_next_day
     )
     assert rows_in_default(schedule.id) == 1
 
-    created = partitions.ensure_partitions(connection, day, day + timedelta(days=2))
+    report = partitions.ensure_partitions(connection, day, day + timedelta(days=2))
 
-    assert created == 3 * len(partitions.PARTITIONED_TABLES) - 1  # the occurrence table's first day is refused
+    assert len(report.created) == 3 * len(partitions.PARTITIONED_TABLES) - 1
+    assert report.refused == [partitions.partition_name("dispatch_occurrence", day)] and not report.failed
     days = partitions.existing_partition_days(connection, "dispatch_occurrence")
     assert day not in days and {day + timedelta(days=1), day + timedelta(days=2)} <= days
     assert Occurrence.objects.filter(schedule_id=schedule.id).count() == 1, "the DEFAULT row is still found"

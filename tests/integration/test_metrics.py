@@ -246,6 +246,8 @@ def test_healthz_is_ok_with_a_live_materializer_and_relay(db):
     status, body = healthz()
 
     assert status == 200, body
+    # What it says of autovacuum depends on the server (test_upkeep.py checks it); it never makes it degraded here.
+    assert body.pop("autovacuum") in ("on", "off") and isinstance(body.pop("warnings"), list)
     assert body == {
         "status": "ok",
         "database": "ok",

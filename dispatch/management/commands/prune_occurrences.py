@@ -1,66 +1,70 @@
-"""`manage.py prune_occurrences [--older-than-days N] [--dry-run]`: drop whole day partitions past retention."""
+"""`manage.py prune_occurrences [--older-than-days N] [--dry-run]`: drop whole day partitions past retention.
+
+The materializers' upkeep does the same once an hour with SCHEDULER_RETENTION_DAYS (dispatch/upkeep.py); this
+command is for a manual run, another retention, or a look at what would go.
+"""
 
 from __future__ import annotations
 
-from datetime import date, timedelta
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from dispatch.partitions import PARTITIONED_TABLES, drop_partitions_before, existing_partition_days, partition_name
-from dispatch.sql import maintenance as maintenance_sql
+from dispatch.partitions import PruneReport, prune_partitions
+from dispatch.upkeep import describe_states
 from schedules.clock import db_now
-
-# Two weeks covers a weekend outage plus the investigation after it; SCHEDULER_RETENTION_DAYS overrides it.
-DEFAULT_RETENTION_DAYS = 14
 
 
 class Command(BaseCommand):
-    help = "Drop the occurrence and attempt partitions of days older than the retention (whole tables, no DELETE)."
+    help = (
+        "Drop the occurrence and attempt partitions of days older than the retention (whole tables, no DELETE). "
+        "A day holding fires that can still run is kept, and dropped by a later run once they have finished."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--older-than-days",
             type=int,
-            help=f"retention in days (default SCHEDULER_RETENTION_DAYS, else {DEFAULT_RETENTION_DAYS}; minimum 1)",
+            help="retention in days (default SCHEDULER_RETENTION_DAYS; minimum 1)",
         )
         parser.add_argument("--dry-run", action="store_true", help="list what would be dropped, drop nothing")
 
     def handle(self, *args, **options) -> None:
         days = options["older_than_days"]
         if days is None:
-            days = getattr(settings, "SCHEDULER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS)
+            days = settings.SCHEDULER_RETENTION_DAYS
         if days < 1:
             # Day 0 would drop today's partition: the one the materializer and workers are writing.
             raise CommandError(f"--older-than-days must be at least 1 (got {days}).")
         # PostgreSQL's date, not this host's: partitions are UTC days of the database's clock.
         cutoff = db_now().date() - timedelta(days=days)
+        dry_run = options["dry_run"]
+        report = prune_partitions(connection, cutoff, dry_run=dry_run)
+        self._write(report, dry_run)
+        if report.busy:
+            raise CommandError(
+                f"{len(report.busy)} partitions were not dropped: "
+                + "; ".join(f"{name}: {why}" for name, why in sorted(report.busy.items()))
+                + ". Nothing waited longer than SCHEDULER_UPKEEP_LOCK_TIMEOUT_SECONDS "
+                f"({settings.SCHEDULER_UPKEEP_LOCK_TIMEOUT_SECONDS} s); run the command again later."
+            )
 
-        if options["dry_run"]:
-            doomed = [
-                partition_name(table, day)
-                for table in PARTITIONED_TABLES
-                for day in sorted(existing_partition_days(connection, table))
-                if day < cutoff
-            ]
-            self.stdout.write(f"Would drop {len(doomed)} partitions older than {cutoff.isoformat()} (dry run):")
-            for name in doomed:
-                self.stdout.write(f"  {name}")
-            for table in PARTITIONED_TABLES:
-                stray = _default_rows_before(table, cutoff)
-                if stray:
-                    self.stdout.write(f"  and delete {stray} rows of {table}_default older than {cutoff.isoformat()}")
-            return
-
-        dropped = drop_partitions_before(connection, cutoff)
-        self.stdout.write(f"Dropped {len(dropped)} partitions older than {cutoff.isoformat()}.")
-        for name in dropped:
+    def _write(self, report: PruneReport, dry_run: bool) -> None:
+        cutoff = report.cutoff.isoformat()
+        if dry_run:
+            self.stdout.write(f"Would drop {len(report.dropped)} partitions older than {cutoff} (dry run):")
+        else:
+            self.stdout.write(f"Dropped {len(report.dropped)} partitions older than {cutoff}.")
+        for name in report.dropped:
             self.stdout.write(f"  {name}")
-
-
-def _default_rows_before(table: str, cutoff: date) -> int:
-    """Rows of days that had no partition when written (they landed in DEFAULT); pruning deletes them."""
-    with connection.cursor() as cursor:
-        cursor.execute(maintenance_sql.COUNT_DEFAULT_BEFORE.format(parent=table), [cutoff])
-        return cursor.fetchone()[0]
+        for name, states in sorted(report.kept.items()):
+            self.stdout.write(
+                f"Kept {name}: {describe_states(states)} can still run; it is dropped once they have finished."
+            )
+        if report.default_deleted:
+            verb = "and delete" if dry_run else "Deleted"
+            self.stdout.write(f"  {verb} {report.default_deleted} finished rows of DEFAULT older than {cutoff}")
+        if report.default_kept:
+            self.stdout.write(f"Kept {report.default_kept} rows of DEFAULT older than {cutoff} that can still run.")

@@ -1,0 +1,250 @@
+"""The materializers' upkeep (dispatch/upkeep.py): partitions tried again soon when a long read holds their lock,
+days past the retention dropped only once their fires have finished, and VACUUM where autovacuum is off.
+
+These tests commit (transaction=True): upkeep runs in autocommit, and a lock another connection holds is only real
+on committed tables.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from io import StringIO
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connection
+from django.test import Client
+
+from dispatch import counters, partitions
+from dispatch.models import Occurrence, OutboxMessage
+from dispatch.upkeep import Upkeep
+from schedules.clock import db_now
+from tests.integration.processes import process_env, run_manage
+from tests.integration.test_faults_time import drop_partitions_from
+from tests.integration.test_metrics import scrape
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class DrivenClock:
+    """The upkeep's monotonic clock, moved by the test: when a task is due again is what these tests check."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@contextmanager
+def long_read(table: str = "dispatch_occurrence", seconds: float = 60) -> Iterator[None]:
+    """Another connection that has read `table` and stays in its transaction, as a 45-second report or pg_dump does:
+    ACCESS SHARE on the table (on a partitioned one, on every partition) until the block ends, or until the server
+    ends the read after `seconds` idle in it, whatever the test is doing then (a test thread stuck behind a DDL
+    statement must not keep the read open forever)."""
+    reader = psycopg.connect(process_env()["DATABASE_URL"])
+    try:
+        reader.execute(f"SET idle_in_transaction_session_timeout = '{round(seconds * 1000)}ms'")
+        reader.execute(f"SELECT count(*) FROM {table}").fetchone()
+        yield
+    finally:
+        reader.close()  # its transaction ends with it (rolled back), if the server has not ended it already
+
+
+def command(name: str, *args: str) -> str:
+    out = StringIO()
+    call_command(name, *args, stdout=out)
+    return out.getvalue()
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def days_of(table: str = "dispatch_occurrence") -> set:
+    return partitions.existing_partition_days(connection, table)
+
+
+# --- partitions ----------------------------------------------------------------------------------------------------
+
+
+def test_partitions_a_long_read_holds_up_are_tried_again_soon_and_the_failure_is_logged_once(
+    tenant_a, settings, caplog
+):
+    """The defect: a day whose DDL failed was remembered as known and never tried again by that process."""
+    settings.SCHEDULER_UPKEEP_LOCK_TIMEOUT_SECONDS = 0.2
+    missing = db_now().date() + timedelta(days=3)
+    drop_partitions_from(missing)
+    clock = DrivenClock()
+    upkeep = Upkeep(clock=clock)
+    failures = counters.stored_value("scheduler_upkeep_failures", task="partitions")
+    caplog.set_level(logging.INFO, logger="dispatch.upkeep")
+
+    with long_read():
+        assert upkeep.run_due(db_now())
+        assert missing not in days_of(), "the read holds DEFAULT, which ATTACH must lock"
+        clock.advance(settings.SCHEDULER_UPKEEP_RETRY_SECONDS - 1)
+        assert not upkeep.run_due(db_now()), "nothing is due before the retry interval"
+        clock.advance(1)
+        assert upkeep.run_due(db_now())
+        assert missing not in days_of()
+    clock.advance(settings.SCHEDULER_UPKEEP_RETRY_SECONDS)
+    upkeep.run_due(db_now())
+
+    ahead = settings.SCHEDULER_PARTITION_DAYS_AHEAD
+    for table in partitions.PARTITIONED_TABLES:
+        assert {missing + timedelta(days=n) for n in range(ahead - 2)} <= days_of(table), table
+    assert counters.stored_value("scheduler_upkeep_failures", task="partitions") == failures + 2
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("upkeep (partitions)")]
+    assert len(said) == 2, said
+    assert "logged once until it succeeds" in said[0] and "a lock was busy for more than 200ms" in said[0]
+    assert "recovered after 2 failed tries" in said[1]
+    assert scrape()["scheduler_partitions_days_ahead"] >= ahead
+
+
+# --- retention -----------------------------------------------------------------------------------------------------
+
+
+def test_pruning_keeps_a_day_a_backfill_left_pending_and_drops_it_once_its_fires_have_finished(tenant_a, make_schedule):
+    """The defect: a backfill of a range older than the retention, then prune_occurrences: its pending fires were
+    dropped with their partition and nothing said so."""
+    old_day = db_now().date() - timedelta(days=settings.SCHEDULER_RETENTION_DAYS + 6)
+    start = datetime(old_day.year, old_day.month, old_day.day, tzinfo=UTC)
+    schedule = make_schedule(tenant_a.tenant, name="old-range", cron="0 * * * *", now=start - timedelta(hours=1))
+    until = start + timedelta(days=1)
+    out = command("backfill", str(schedule.id), "--since", start.isoformat(), "--until", until.isoformat())
+    assert "created 24" in out
+    name = partitions.partition_name("dispatch_occurrence", old_day)
+
+    out = command("prune_occurrences")
+
+    assert f"Kept {name}: 24 fires (scheduled 24) can still run" in out, out
+    assert old_day in days_of() and old_day in days_of("dispatch_attempt")
+    assert Occurrence.objects.filter(schedule_id=schedule.id, state="scheduled").count() == 24
+    assert scrape()["scheduler_partitions_past_retention"] >= 1
+
+    # The fires run: finished, their envelopes settled away by the relay.
+    Occurrence.objects.filter(schedule_id=schedule.id).update(state="succeeded", finished_at=db_now())
+    OutboxMessage.objects.filter(scheduled_fors__overlap=[start + timedelta(hours=n) for n in range(24)]).delete()
+    out = command("prune_occurrences")
+
+    assert name in out and "Kept" not in out, out
+    assert old_day not in days_of() and old_day not in days_of("dispatch_attempt")
+
+
+def test_the_materializers_upkeep_drops_days_past_the_retention_by_itself_at_most_once_an_hour(tenant_a):
+    now = db_now()
+    old = now.date() - timedelta(days=settings.SCHEDULER_RETENTION_DAYS + 5)
+    partitions.ensure_partitions(connection, old, old)
+    clock = DrivenClock()
+    upkeep = Upkeep(clock=clock)
+    dropped = counters.stored_value("scheduler_partitions_dropped")
+
+    upkeep.run_due(now)
+
+    assert old not in days_of() and old not in days_of("dispatch_attempt")
+    older = old - timedelta(days=1)
+    partitions.ensure_partitions(connection, older, older)
+    clock.advance(3599)
+    upkeep.run_due(now)
+    assert older in days_of(), "an hour has not passed since the last pass"
+    clock.advance(1)
+    upkeep.run_due(now)
+    assert older not in days_of()
+    assert counters.stored_value("scheduler_partitions_dropped") == dropped + 4
+
+
+def test_rows_in_default_past_the_retention_go_only_once_finished(tenant_a, make_schedule, make_occurrence):
+    """Rows of a day that had no partition sit in DEFAULT; pruning deletes them row by row, the finished ones."""
+    old = db_now() - timedelta(days=settings.SCHEDULER_RETENTION_DAYS + 40)
+    assert old.date() not in days_of()
+    schedule = make_schedule(tenant_a.tenant, name="in-default")
+    pending = make_occurrence(schedule, at=old, state="retry_wait")
+    make_occurrence(schedule, at=old + timedelta(minutes=1), state="succeeded")
+
+    out = command("prune_occurrences")
+
+    assert "Deleted 1 finished rows of DEFAULT" in out and "Kept 1 rows of DEFAULT" in out, out
+    assert list(Occurrence.objects.filter(schedule_id=schedule.id).values_list("occurrence_id", flat=True)) == [
+        pending.occurrence_id
+    ]
+
+
+# --- vacuum --------------------------------------------------------------------------------------------------------
+
+CHURNED = "dispatch_tenant_running"
+CHURN_ROWS, CHURN_UPDATES = 200, 60
+
+
+def dead_tuples(table: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = %s", [table])
+        return cursor.fetchone()[0]
+
+
+@pytest.fixture
+def churned_table(tenant_a) -> Iterator[str]:
+    """Running counts of 200 tenants (ids no tenant has) updated 60 times each: 12,000 dead row versions, in a table
+    autovacuum is told to leave alone (so the test holds on a server that runs autovacuum too)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {CHURNED} SET (autovacuum_enabled = false)")
+        cursor.execute(
+            f"INSERT INTO {CHURNED} (tenant_id, running) SELECT -n, 0 FROM generate_series(1, %s) AS n",
+            [CHURN_ROWS],
+        )
+        cursor.execute(
+            f"DO $$ BEGIN FOR i IN 1..{CHURN_UPDATES} LOOP "
+            f"UPDATE {CHURNED} SET throttled_claims = throttled_claims + 1 WHERE tenant_id < 0; END LOOP; END $$"
+        )
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    try:
+        wait_for(lambda: dead_tuples(CHURNED) >= CHURN_ROWS * CHURN_UPDATES, 30, "the statistics to count the churn")
+        yield CHURNED
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {CHURNED} WHERE tenant_id < 0")
+            cursor.execute(f"ALTER TABLE {CHURNED} RESET (autovacuum_enabled)")
+
+
+def healthz() -> tuple[int, dict]:
+    response = Client(HTTP_HOST="localhost").get("/healthz")
+    return response.status_code, response.json()
+
+
+def test_the_upkeep_vacuums_a_churned_table_autovacuum_leaves_alone_and_healthz_says_so_until_then(
+    churned_table, settings
+):
+    threshold = 100  # and a fifth of the live rows: 140 for this table
+    settings.SCHEDULER_VACUUM_DEAD_TUPLES = threshold
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('autovacuum')::boolean")
+        server_autovacuum = cursor.fetchone()[0]
+    status, body = healthz()
+    assert status == 503 and body["status"] == "degraded"
+    assert any(reason.startswith(f"table {churned_table} has ") for reason in body["reasons"]), body
+    assert body["autovacuum"] == ("on" if server_autovacuum else "off")
+    assert server_autovacuum or body["warnings"][0].startswith("autovacuum is off on the PostgreSQL server")
+    assert scrape()["scheduler_autovacuum_enabled"] == int(server_autovacuum)
+
+    finished = run_manage("materialize", "--once", env=process_env(SCHEDULER_VACUUM_DEAD_TUPLES=str(threshold)))
+
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert f"vacuumed public.{churned_table}: " in finished.stderr, finished.stderr[-3000:]
+    assert dead_tuples(churned_table) < threshold + 0.2 * CHURN_ROWS
+    _, body = healthz()
+    assert not any(churned_table in reason for reason in body["reasons"]), body
+    assert counters.stored_value("scheduler_upkeep_vacuums", table=churned_table) >= 1
