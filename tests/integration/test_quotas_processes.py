@@ -160,9 +160,12 @@ def test_two_relays_hold_a_tenant_to_its_fire_rate_and_keep_another_tenant_on_ti
     fleet("relay")
     fleet("relay")
     wait_for(lambda: relays_connected() == 2, 60, "both relays to connect")
-    t0 = db_now().replace(microsecond=0) + timedelta(seconds=2)
+    # Far enough ahead that both tenants' rows are in the outbox before T0 even on a busy box: written after their
+    # instant, the other tenant's fires would be late before any relay saw them.
+    t0 = db_now().replace(microsecond=0) + timedelta(seconds=6)
     due_fires(make_schedule, throttled_tenant, fires, t0)
     due_fires(make_schedule, other, 300, t0)
+    assert db_now() < t0 - timedelta(seconds=1), "the setup took longer than the lead: the test proves nothing"
 
     expected = fires + 300
     wait_for(
