@@ -11,7 +11,7 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -36,7 +36,7 @@ from schedules.models import (
     VersionChange,
     shard_for,
 )
-from schedules.timerules import TimeRule, parse_timezone
+from schedules.timerules import EVERY_SECONDS_RANGE, TimeRule, parse_timezone
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -52,6 +52,8 @@ NUMERIC_RANGES: dict[str, tuple[int, int]] = {
 DEFAULTS: dict[str, Any] = {
     "cron": None,
     "run_at": None,
+    "every_seconds": None,
+    "anchor_at": None,
     "timezone": "UTC",
     "lane": Lane.STRICT,
     "flexible_window_seconds": 300,
@@ -64,6 +66,12 @@ DEFAULTS: dict[str, Any] = {
     "max_attempts": 5,
 }
 REQUIRED_FIELDS = ("name", "kind", "handler")
+# The fields that say when a schedule of each kind fires; another kind's are refused (a blank cron counts as none).
+TIME_FIELDS: dict[str, tuple[str, ...]] = {
+    Kind.CRON: ("cron",),
+    Kind.ONCE: ("run_at",),
+    Kind.INTERVAL: ("every_seconds", "anchor_at"),
+}
 MAX_PREVIEW_COUNT = 100
 
 
@@ -97,9 +105,14 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
     except TimeRuleError as exc:
         errors.setdefault("timezone", []).append(exc.message)
 
+    if kind in TIME_FIELDS:
+        for owner, fields in TIME_FIELDS.items():
+            for field in fields if owner != kind else ():
+                if definition.get(field) not in (None, ""):
+                    errors.setdefault(field, []).append(f"Only schedules of kind '{owner}' take {field}.")
+                definition[field] = None
+
     if kind == Kind.CRON:
-        if definition.get("run_at") is not None:
-            errors.setdefault("run_at", []).append("Only schedules of kind 'once' take run_at.")
         if not definition.get("cron"):
             errors.setdefault("cron", []).append("Required for kind 'cron'.")
         else:
@@ -108,14 +121,21 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
             except TimeRuleError as exc:
                 errors.setdefault("cron", []).append(exc.message)
     elif kind == Kind.ONCE:
-        if definition.get("cron") not in (None, ""):
-            errors.setdefault("cron", []).append("Only schedules of kind 'cron' take cron.")
-        definition["cron"] = None
         run_at = definition.get("run_at")
         if run_at is None:
             errors.setdefault("run_at", []).append("Required for kind 'once'.")
         elif run_at.tzinfo is None:
             errors.setdefault("run_at", []).append("Give an offset or 'Z' (ISO 8601), e.g. 2026-12-01T09:00:00Z.")
+    elif kind == Kind.INTERVAL:
+        every, (low, high) = definition.get("every_seconds"), EVERY_SECONDS_RANGE
+        if every is None:
+            errors.setdefault("every_seconds", []).append("Required for kind 'interval', e.g. 300 (5 minutes).")
+        elif not isinstance(every, int) or isinstance(every, bool) or not low <= every <= high:
+            errors.setdefault("every_seconds", []).append(f"Must be an integer from {low} to {high}.")
+        # No anchor_at is fine here: the caller anchors the schedule at its own "now" (anchored_at_now).
+        anchor_at = definition.get("anchor_at")
+        if anchor_at is not None and (not isinstance(anchor_at, datetime) or anchor_at.tzinfo is None):
+            errors.setdefault("anchor_at", []).append("Give an offset or 'Z' (ISO 8601), e.g. 2026-12-01T09:00:00Z.")
 
     handler = definition.get("handler")
     if handler and not is_registered(handler):
@@ -160,6 +180,27 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
     return {field: definition[field] for field in DEFINITION_FIELDS}
 
 
+def anchored_at_now(definition: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """An interval definition without anchor_at, anchored at `now` truncated to the second (API.md): the instant it
+    is created, or changed to an interval, or previewed. Its fires then fall on whole seconds. Other kinds as given.
+    """
+    if definition.get("kind") != Kind.INTERVAL or definition.get("anchor_at") is not None:
+        return definition
+    return {**definition, "anchor_at": now.astimezone(UTC).replace(microsecond=0)}
+
+
+def time_rule_of(definition: dict[str, Any]) -> TimeRule:
+    """The time rule of a cleaned definition (an interval's anchor already set)."""
+    return TimeRule(
+        kind=definition["kind"],
+        timezone=definition["timezone"],
+        cron=definition["cron"],
+        run_at=definition["run_at"],
+        every_seconds=definition["every_seconds"],
+        anchor_at=definition["anchor_at"],
+    )
+
+
 def fingerprint(body: dict[str, Any]) -> str:
     """Stable hash of a request body: the same JSON object, in any key order, hashes the same."""
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
@@ -182,13 +223,12 @@ def preview_fires(rule: TimeRule, *, after: datetime, count: int) -> list[dateti
 def preview_definition(definition: dict[str, Any], *, after: datetime, count: int, now: datetime) -> list[datetime]:
     """What a schedule with this definition would fire from `after` on, if created (or left active) now.
 
-    The next fires strictly after `after`, and one case more: a one-off whose run_at has already passed is
+    The next fires strictly after `after` (an interval without anchor_at anchored at `now`, as create would), and
+    one case more: a one-off whose run_at has already passed is
     created anyway and its misfire policy decides at once (dispatch.planning, the materializer's own rule) whether
     it fires now or is recorded missed. The preview shows the fire when it would run, so preview and create agree.
     """
-    rule = TimeRule(
-        kind=definition["kind"], timezone=definition["timezone"], cron=definition["cron"], run_at=definition["run_at"]
-    )
+    rule = time_rule_of(anchored_at_now(definition, now))
     run_at = rule.run_at
     if rule.kind == Kind.ONCE and run_at is not None and run_at <= min(after, now):
         due = DueSchedule(
@@ -302,7 +342,7 @@ def create_schedule(
         with transaction.atomic():
             now = now or db_now()
             locked_tenant = _claim_quota_slot(tenant.pk)
-            schedule = Schedule(tenant=locked_tenant, **definition)
+            schedule = Schedule(tenant=locked_tenant, **anchored_at_now(definition, now))
             schedule.shard = shard_for(schedule.id)
             schedule.next_run_at = _first_fire(schedule.time_rule, now)
             schedule.state = ScheduleState.ACTIVE
@@ -365,12 +405,13 @@ def update_schedule(
         merged = {field: getattr(schedule, field) for field in DEFINITION_FIELDS}
         stored_run_at = schedule.run_at
         merged.update(changes)
-        # Switching kind drops the time field of the old kind unless the caller set it explicitly.
-        if merged["kind"] == Kind.ONCE and "cron" not in changes:
-            merged["cron"] = None
-        if merged["kind"] == Kind.CRON and "run_at" not in changes:
-            merged["run_at"] = None
-        definition = clean_definition(merged)
+        # Switching kind drops the time fields of the old kind unless the caller set them explicitly (then they are
+        # refused). A switch to interval without anchor_at is anchored now, as a create would be.
+        for kind, fields in TIME_FIELDS.items():
+            for field in fields if kind != merged["kind"] else ():
+                if field not in changes:
+                    merged[field] = None
+        definition = anchored_at_now(clean_definition(merged), now)
         for field, value in definition.items():
             setattr(schedule, field, value)
         if schedule.state in (ScheduleState.ACTIVE, ScheduleState.COMPLETED):

@@ -17,7 +17,7 @@ from schedules.clock import db_now
 from schedules.json_input import MAX_JSON_DEPTH, json_depth_exceeds
 from schedules.models import DEFINITION_FIELDS, Kind, Lane, MisfirePolicy, OverlapPolicy, Schedule, ScheduleState
 from schedules.services import MAX_PREVIEW_COUNT, NUMERIC_RANGES
-from schedules.timerules import local_time
+from schedules.timerules import EVERY_SECONDS_RANGE, local_time
 
 # The column that stores a create's Idempotency-Key; a longer key would fail in the database rather than as a 400.
 MAX_IDEMPOTENCY_KEY_LENGTH: int = Schedule._meta.get_field("idempotency_key").max_length or 0
@@ -168,6 +168,10 @@ class ScheduleInputSerializer(serializers.Serializer):
     kind = _choice_field(Kind)
     cron = CronExpressionField(required=False, allow_null=True, allow_blank=True, max_length=200)
     run_at = AwareDateTimeField(required=False, allow_null=True)
+    every_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=EVERY_SECONDS_RANGE[0], max_value=EVERY_SECONDS_RANGE[1]
+    )
+    anchor_at = AwareDateTimeField(required=False, allow_null=True)
     timezone = TimezoneNameField(required=False, max_length=64)
     lane = _choice_field(Lane)
     flexible_window_seconds = _int_field("flexible_window_seconds")
@@ -242,6 +246,7 @@ class PreviewQuerySerializer(serializers.Serializer):
 
 class ScheduleSerializer(serializers.ModelSerializer):
     run_at = AwareDateTimeField(allow_null=True)
+    anchor_at = AwareDateTimeField(allow_null=True)
     next_run_at = serializers.SerializerMethodField()
     created_at = AwareDateTimeField()
     updated_at = AwareDateTimeField()
