@@ -25,6 +25,7 @@ __all__ = [
     "clock_changes",
     "dst_notes",
     "interval_dst_notes",
+    "preview_notes",
     "upcoming_dst_notes",
     "upcoming_interval_dst_notes",
 ]
@@ -229,6 +230,23 @@ def _note(
             f"({first_local.tzname()}), not again in {second_zone}."
         )
     return DstNote(kind="repeated", at=shown[0], text=text, fires=shown)
+
+
+def preview_notes(
+    kind: str, timezone: str, *, cron: str | None, after: datetime, fires: list[datetime]
+) -> tuple[list[DstNote], list[DstNote]]:
+    """A preview's notes as they touch the rule's kind: those among its fires, and the next ones after them (within
+    a year). A cron rule's skipped and repeated wall times; an interval's fires reading differently on the local
+    clock; nothing for a one-off."""
+    last = max(fires) if fires else after
+    if kind == "cron":
+        expression = cron or ""
+        notes = dst_notes(expression, timezone, after=after, fires=fires)
+        return notes, upcoming_dst_notes(expression, timezone, after=last)
+    if kind == "interval":
+        notes = interval_dst_notes(timezone, after=after, fires=fires)
+        return notes, upcoming_interval_dst_notes(timezone, after=last)
+    return [], []
 
 
 def interval_dst_notes(timezone: str, *, after: datetime, fires: list[datetime]) -> list[DstNote]:

@@ -224,9 +224,9 @@ def preview_definition(definition: dict[str, Any], *, after: datetime, count: in
     """What a schedule with this definition would fire from `after` on, if created (or left active) now.
 
     The next fires strictly after `after` (an interval without anchor_at anchored at `now`, as create would), and
-    one case more: a one-off whose run_at has already passed is
-    created anyway and its misfire policy decides at once (dispatch.planning, the materializer's own rule) whether
-    it fires now or is recorded missed. The preview shows the fire when it would run, so preview and create agree.
+    one case more: a one-off whose run_at has already passed is created anyway and its misfire policy decides at
+    once (dispatch.planning, the materializer's own rule) whether it fires now or is recorded missed. The preview
+    shows the fire when it would run, so preview and create agree.
     """
     rule = time_rule_of(anchored_at_now(definition, now))
     run_at = rule.run_at

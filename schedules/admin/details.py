@@ -9,10 +9,10 @@ from django.urls import reverse
 
 from dispatch.models import Occurrence
 from schedules.admin.formatting import format_local, format_utc, summarize_definition
-from schedules.admin.preview import preview_dst_notes
 from schedules.clock import db_now
 from schedules.cron_syntax import TimeRuleError
-from schedules.models import DEFINITION_FIELDS, Schedule, ScheduleState, ScheduleVersion
+from schedules.dst import preview_notes
+from schedules.models import Schedule, ScheduleState, ScheduleVersion
 from schedules.services import preview_fires
 
 PREVIEW_FIRES = 10
@@ -45,8 +45,7 @@ def _next_fires(schedule: Schedule, now: datetime) -> dict[str, Any]:
         note = "Paused: these are the fires the rule describes; none happens until the schedule is resumed."
     elif not fires:
         note = "The rule has no fire after now."
-    definition = {field: getattr(schedule, field) for field in DEFINITION_FIELDS}
-    notes, ahead = preview_dst_notes(definition, after=now, fires=fires)
+    notes, ahead = preview_notes(schedule.kind, schedule.timezone, cron=schedule.cron, after=now, fires=fires)
     by_fire = {fire: dst.text for dst in notes for fire in dst.fires}
     rows = [
         {

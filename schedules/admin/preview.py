@@ -18,13 +18,7 @@ from schedules.api.serializers import PreviewInputSerializer, utc_text
 from schedules.api.views import PREVIEW_PLACEHOLDERS
 from schedules.clock import db_now
 from schedules.cron_syntax import TimeRuleError
-from schedules.dst import (
-    DstNote,
-    dst_notes,
-    interval_dst_notes,
-    upcoming_dst_notes,
-    upcoming_interval_dst_notes,
-)
+from schedules.dst import preview_notes
 from schedules.errors import ScheduleInvalid
 from schedules.json_input import JSONInputError, loads_strict
 from schedules.models import Kind, MisfirePolicy, Schedule
@@ -65,10 +59,14 @@ def preview_json(request: HttpRequest) -> JsonResponse:
     return JsonResponse(preview_body(definition, fires, after=after, now=now))
 
 
+# What describe_schedule reads of a definition.
+DESCRIBED_FIELDS = ("kind", "cron", "run_at", "every_seconds", "anchor_at", "timezone")
+
+
 def preview_body(definition: dict[str, Any], fires: list[datetime], *, after: datetime, now: datetime) -> dict:
     timezone = definition["timezone"]
     definition = anchored_at_now(definition, now)
-    notes, ahead = preview_dst_notes(definition, after=after, fires=fires)
+    notes, ahead = preview_notes(definition["kind"], timezone, cron=definition["cron"], after=after, fires=fires)
     fire_notes = {fire: note.text for note in notes for fire in note.fires}
     rule = Schedule(**{field: definition[field] for field in DESCRIBED_FIELDS})
     return {
@@ -89,25 +87,6 @@ def preview_body(definition: dict[str, Any], fires: list[datetime], *, after: da
         "ahead": [{"kind": note.kind, "at": utc_text(note.at), "text": note.text} for note in ahead],
         "empty": "" if fires else _why_empty(definition, now),
     }
-
-
-# What describe_schedule reads of a definition.
-DESCRIBED_FIELDS = ("kind", "cron", "run_at", "every_seconds", "anchor_at", "timezone")
-
-
-def preview_dst_notes(
-    definition: dict[str, Any], *, after: datetime, fires: list[datetime]
-) -> tuple[list[DstNote], list[DstNote]]:
-    """The clock changes among the fires, and the next ones after them, as they touch the definition's kind: a cron
-    rule's skipped and repeated wall times, an interval's fires reading differently on the local clock."""
-    timezone, last = definition["timezone"], max(fires) if fires else after
-    if definition["kind"] == Kind.CRON:
-        cron = definition["cron"] or ""
-        return dst_notes(cron, timezone, after=after, fires=fires), upcoming_dst_notes(cron, timezone, after=last)
-    if definition["kind"] == Kind.INTERVAL:
-        notes = interval_dst_notes(timezone, after=after, fires=fires)
-        return notes, upcoming_interval_dst_notes(timezone, after=last)
-    return [], []
 
 
 def _why_empty(definition: dict[str, Any], now: datetime) -> str:
