@@ -36,7 +36,7 @@ from schedules.models import (
     VersionChange,
     shard_for,
 )
-from schedules.timerules import EVERY_SECONDS_RANGE, TimeRule, parse_timezone
+from schedules.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, TimeRule, parse_timezone
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -136,6 +136,16 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
         anchor_at = definition.get("anchor_at")
         if anchor_at is not None and (not isinstance(anchor_at, datetime) or anchor_at.tzinfo is None):
             errors.setdefault("anchor_at", []).append("Give an offset or 'Z' (ISO 8601), e.g. 2026-12-01T09:00:00Z.")
+
+    out_of_range = f"Must be from {EARLIEST_INSTANT.year} up to {LATEST_INSTANT.year} (UTC)."
+    for field in ("run_at", "anchor_at"):
+        # The API's serializers hold the same range; the console's date fields reach year 9999, where the zone's
+        # local time of a fire overflows.
+        instant = definition.get(field)
+        if not isinstance(instant, datetime) or instant.tzinfo is None or field in errors:
+            continue
+        if not EARLIEST_INSTANT <= instant < LATEST_INSTANT:
+            errors.setdefault(field, []).append(out_of_range)
 
     handler = definition.get("handler")
     if handler and not is_registered(handler):

@@ -20,6 +20,9 @@ from schedules.cron_syntax import CronField, CronSpec, TimeRuleError, normalize_
 # TimeRuleError is defined with the syntax checks but stays part of this API: TimeRule raises it, and the
 # dispatch plane imports it from here.
 __all__ = [
+    "EARLIEST_INSTANT",
+    "EVERY_SECONDS_RANGE",
+    "LATEST_INSTANT",
     "TimeRule",
     "TimeRuleError",
     "local_time",
@@ -33,6 +36,11 @@ COMPILE_CACHE_SIZE = 4096
 NEXT_FIRE_CACHE_SIZE = 65536
 
 KINDS = ("cron", "once", "interval")
+# The instants a definition may name (run_at, anchor_at; the API's inputs too). Outside them zone conversion
+# overflows datetime (year 1 or 9999 with an offset), and a preview of up to 100 fires of a rare rule (29 February,
+# a yearly interval) would walk past year 9999.
+EARLIEST_INSTANT = datetime(1900, 1, 1, tzinfo=UTC)
+LATEST_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
 # The accepted periods of an interval schedule, in seconds: one second to 365 days (API.md, "The time model").
 EVERY_SECONDS_RANGE = (1, 31_536_000)
 _ONE_MICROSECOND = timedelta(microseconds=1)

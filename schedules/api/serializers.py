@@ -17,7 +17,7 @@ from schedules.clock import db_now
 from schedules.json_input import MAX_JSON_DEPTH, json_depth_exceeds
 from schedules.models import DEFINITION_FIELDS, Kind, Lane, MisfirePolicy, OverlapPolicy, Schedule, ScheduleState
 from schedules.services import MAX_PREVIEW_COUNT, NUMERIC_RANGES
-from schedules.timerules import EVERY_SECONDS_RANGE, local_time
+from schedules.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, local_time
 
 # The column that stores a create's Idempotency-Key; a longer key would fail in the database rather than as a 400.
 MAX_IDEMPOTENCY_KEY_LENGTH: int = Schedule._meta.get_field("idempotency_key").max_length or 0
@@ -29,10 +29,7 @@ _NOT_LOADED = object()
 READ_ONLY_HINTS = {
     "state": "Read-only: change it with POST .../pause/, .../resume/ or .../cancel/.",
 }
-# Instants accepted on input. Outside them zone conversion overflows datetime (year 1 or 9999 with an offset)
-# and a preview of up to 100 fires of a rare rule (29 February) would walk past year 9999.
-EARLIEST_INSTANT = datetime(1900, 1, 1, tzinfo=UTC)
-LATEST_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
+# Instants accepted on input: the time rules' range (schedules.timerules), kept here under these names for the schema.
 
 
 # Any: DRF's stubs type the messages as text or lazy text, and dict is invariant.

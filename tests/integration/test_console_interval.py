@@ -220,3 +220,26 @@ def test_due_per_minute_expands_an_interval_group_by_its_period():
         "04:59": 1,
         "05:00": 1,
     }
+
+
+@pytest.mark.parametrize("day", ["9999-12-31", "0001-01-01"])
+def test_an_anchor_or_run_at_past_the_accepted_range_is_a_form_error_not_a_server_error(
+    console: Client, make_interval, day
+):
+    interval = make_interval(timezone="Asia/Tokyo")
+    once = make_interval(
+        name="launch", kind="once", run_at=datetime(2030, 1, 1, tzinfo=UTC), every_seconds=None, anchor_at=None
+    )
+
+    for schedule, fields in (
+        (interval, interval_form(interval, anchor_at_0=day, anchor_at_1="23:59:59")),
+        (once, form_data(once, run_at_0=day, run_at_1="23:59:59")),
+    ):
+        response = console.post(change_url(schedule), fields)
+
+        assert response.status_code == 200
+        field = "anchor_at" if schedule.kind == "interval" else "run_at"
+        assert response.context["adminform"].form.errors[field] == ["Must be from 1900 up to 9000 (UTC)."]
+        assert console.get(change_url(schedule)).status_code == 200
+        schedule.refresh_from_db()
+        assert schedule.version == 1
