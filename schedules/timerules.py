@@ -41,7 +41,7 @@ KINDS = ("cron", "once", "interval")
 # a yearly interval) would walk past year 9999.
 EARLIEST_INSTANT = datetime(1900, 1, 1, tzinfo=UTC)
 LATEST_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
-# The accepted periods of an interval schedule, in seconds: one second to 365 days (API.md, "The time model").
+# The accepted periods of an interval schedule, in seconds: one second to 365 days.
 EVERY_SECONDS_RANGE = (1, 31_536_000)
 _ONE_MICROSECOND = timedelta(microseconds=1)
 _MICROSECONDS_PER_SECOND = 1_000_000

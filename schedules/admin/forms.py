@@ -12,10 +12,10 @@ from django.forms.fields import InvalidJSONInput
 
 from dispatch.handlers import registered_names
 from scheduler_project.console import InstantField
+from schedules.definitions import TIME_FIELDS, clean_definition
 from schedules.errors import ScheduleInvalid
 from schedules.json_input import JSONInputError, loads_strict, storable_json
 from schedules.models import DEFINITION_FIELDS, Schedule, ScheduleState
-from schedules.services import TIME_FIELDS, clean_definition
 
 
 class PayloadField(forms.JSONField):
@@ -49,7 +49,7 @@ class PayloadField(forms.JSONField):
 
 
 class ScheduleChangeForm(forms.ModelForm):
-    """The definition, validated by the same rules as the API (services.clean_definition).
+    """The definition, validated by the same rules as the API (definitions.clean_definition).
 
     It never saves the model itself: ScheduleAdmin.save_model hands `definition_changes()` to update_schedule,
     which writes a new version. `seen_version` rejects a save over a version the operator never saw.

@@ -14,9 +14,10 @@ from rest_framework import serializers
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 from dispatch.occurrences import earliest_pending_fire
 from schedules.clock import db_now
+from schedules.definitions import NUMERIC_RANGES
 from schedules.json_input import MAX_JSON_DEPTH, json_depth_exceeds
 from schedules.models import DEFINITION_FIELDS, Kind, Lane, MisfirePolicy, OverlapPolicy, Schedule, ScheduleState
-from schedules.services import MAX_PREVIEW_COUNT, NUMERIC_RANGES
+from schedules.services import MAX_PREVIEW_COUNT
 from schedules.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, local_time
 
 # The column that stores a create's Idempotency-Key; a longer key would fail in the database rather than as a 400.

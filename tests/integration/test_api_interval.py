@@ -1,4 +1,4 @@
-"""Schedules of kind `interval` through the API (API.md "The time model"): create, validation, previews, versions,
+"""Schedules of kind `interval` through the API: create, validation, previews, versions,
 PATCH across kinds, pause and resume, trigger."""
 
 from __future__ import annotations
