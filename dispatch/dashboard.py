@@ -259,24 +259,31 @@ def due_per_minute(
     now: datetime,
     until: datetime,
     materialized: Iterable[tuple[datetime, int]],
-    cursor_groups: Iterable[tuple[str, str | None, str | None, datetime, int]],
+    cursor_groups: Iterable[tuple[str, str | None, str | None, int | None, datetime, int]],
     *,
     scale: float = 1.0,
 ) -> list[tuple[datetime, int]]:
     """Per minute, the fires due in [now, until): materialized (minute, fires) as they are, plus each cursor group
-    (kind, cron, timezone, first instant, schedules) expanded through its rule and multiplied by its schedules.
+    (kind, cron, timezone, every_seconds, first instant, schedules) expanded through its rule and multiplied by its
+    schedules.
 
     Each (cron, zone) is expanded once: its fires in the window, then every group of that rhythm counts the fires
     from its first instant on (a running sum over the fires), so the cost is the distinct rules times their fires in
-    the hour, not the schedules.
+    the hour, not the schedules. An interval group adds its period to its first fire (DUE_CURSOR_GROUPS bounds the
+    groups of a period).
     """
     counts: dict[datetime, float] = defaultdict(float)
     for minute, written in materialized:
         counts[minute] += int(written)
     rhythms: dict[tuple[str, str], list[tuple[datetime, int]]] = defaultdict(list)
-    for kind, cron, timezone, first, schedules in cursor_groups:
+    for kind, cron, timezone, every_seconds, first, schedules in cursor_groups:
         if kind == "cron" and cron and timezone:
             rhythms[(cron, timezone)].append((first, int(schedules)))
+        elif kind == "interval" and every_seconds:
+            step, fire = timedelta(seconds=int(every_seconds)), first
+            while fire < until:
+                counts[fire.replace(second=0, microsecond=0)] += int(schedules) * scale
+                fire += step
         else:
             counts[first.replace(second=0, microsecond=0)] += int(schedules) * scale
     for (cron, timezone), starts in rhythms.items():

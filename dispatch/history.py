@@ -41,19 +41,16 @@ class VersionSpan:
     valid_to: datetime | None
     # Why the snapshot cannot be read, if it cannot: its fires are then unknown, which is not "none owed".
     error: str | None = None
+    every_seconds: int | None = None
+    anchor_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> VersionSpan:
-        run_at, error = None, None
-        if row["run_at"]:
-            try:
-                run_at = datetime.fromisoformat(row["run_at"]).astimezone(UTC)
-            except ValueError:
-                error = f"run_at {row['run_at']!r} is not an ISO 8601 instant"
-        try:
-            priority = int(row["priority"] or 0)
-        except ValueError:
-            priority, error = 0, f"priority {row['priority']!r} is not an integer"
+        errors: list[str] = []
+        run_at = _instant(row.get("run_at"), "run_at", errors)
+        anchor_at = _instant(row.get("anchor_at"), "anchor_at", errors)
+        priority = _integer(row["priority"], "priority", errors) or 0
+        every_seconds = _integer(row.get("every_seconds"), "every_seconds", errors)
         return cls(
             schedule_id=row["schedule_id"],
             tenant_id=row["tenant_id"],
@@ -68,12 +65,30 @@ class VersionSpan:
             priority=priority,
             valid_from=row["valid_from"],
             valid_to=row["valid_to"],
-            error=error,
+            error="; ".join(errors) or None,
+            every_seconds=every_seconds,
+            anchor_at=anchor_at,
         )
 
     @property
     def rule(self) -> TimeRule:
-        return TimeRule(kind=self.kind, timezone=self.timezone, cron=self.cron, run_at=self.run_at)
+        return TimeRule(
+            kind=self.kind,
+            timezone=self.timezone,
+            cron=self.cron,
+            run_at=self.run_at,
+            every_seconds=self.every_seconds,
+            anchor_at=self.anchor_at,
+        )
+
+    def recurring_rule(self) -> TimeRule | None:
+        """The rule of a cron or interval version that has its time fields; None for another kind or a snapshot
+        without them (a one-off is matched by once_applies, not walked)."""
+        if self.kind == "cron" and self.cron:
+            return self.rule
+        if self.kind == "interval" and self.every_seconds is not None and self.anchor_at is not None:
+            return self.rule
+        return None
 
     def once_applies(self) -> bool:
         """A one-off's run_at belongs to this version if the version could still reach it: the creating version
@@ -99,8 +114,9 @@ class ExpectedFire:
 def expected_fires(span: VersionSpan, since: datetime, until: datetime) -> Iterator[ExpectedFire]:
     """The fires version `span` owes in [since, until), ascending; a generator, so long ranges cost no memory.
 
-    Only an active version fires. A cron version fires strictly after valid_from (create, update and resume set
-    the cursor to the first fire after "now") and before valid_to (the next version takes over from there).
+    Only an active version fires. A cron or interval version fires strictly after valid_from (create, update and
+    resume set the cursor to the first fire after "now": an interval's anchor_at before that only sets its phase)
+    and before valid_to (the next version takes over from there).
     Raises TimeRuleError or ValueError for a snapshot the time rules cannot read.
     """
     if span.error:
@@ -114,11 +130,12 @@ def expected_fires(span: VersionSpan, since: datetime, until: datetime) -> Itera
         if span.once_applies() and since <= span.run_at < end:
             yield _fire(span, span.run_at)
         return
-    if span.kind != "cron" or not span.cron:
-        raise ValueError(f"kind {span.kind!r} with cron {span.cron!r} has no fire times")
+    rule = span.recurring_rule()
+    if rule is None:
+        raise ValueError(f"kind {span.kind!r} without its time fields has no fire times")
     # Fires are whole microseconds: "after since - 1 µs" is "at or after since".
     after = max(span.valid_from, since - _ONE_MICROSECOND)
-    for fire in span.rule.iter_after(after):
+    for fire in rule.iter_after(after):
         if fire >= end:
             return
         yield _fire(span, fire)
@@ -130,11 +147,32 @@ def expects(span: VersionSpan, at: datetime) -> bool:
         return False
     if span.kind == "once":
         return span.once_applies() and span.run_at == at
-    if span.kind != "cron" or not span.cron:
+    rule = span.recurring_rule()
+    if rule is None:
         return False
     if at <= span.valid_from or (span.valid_to is not None and at >= span.valid_to):
         return False
-    return span.rule.next_after(at - _ONE_MICROSECOND) == at
+    return rule.next_after(at - _ONE_MICROSECOND) == at
+
+
+def _instant(text: str | None, name: str, errors: list[str]) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text).astimezone(UTC)
+    except ValueError:
+        errors.append(f"{name} {text!r} is not an ISO 8601 instant")
+        return None
+
+
+def _integer(text: str | None, name: str, errors: list[str]) -> int | None:
+    if text is None or text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        errors.append(f"{name} {text!r} is not an integer")
+        return None
 
 
 def _fire(span: VersionSpan, at: datetime) -> ExpectedFire:
@@ -173,6 +211,8 @@ def version_spans(schedule_ids: Iterable[uuid.UUID], since: datetime, until: dat
             kind=KT("definition__kind"),
             cron=KT("definition__cron"),
             run_at=KT("definition__run_at"),
+            every_seconds=KT("definition__every_seconds"),
+            anchor_at=KT("definition__anchor_at"),
             timezone=KT("definition__timezone"),
             lane=KT("definition__lane"),
             priority=KT("definition__priority"),

@@ -113,6 +113,8 @@ def materialize_owed_fires(schedule, *, now: datetime) -> int:
         max_lateness_seconds=schedule.max_lateness_seconds,
         catchup_limit=schedule.catchup_limit,
         catchup_per_minute=schedule.tenant.max_catchup_per_minute,
+        every_seconds=schedule.every_seconds,
+        anchor_at=schedule.anchor_at,
     )
     planned: list[PlannedOccurrence] = []
     while due.next_run_at is not None and due.next_run_at <= now and len(planned) < MAX_OWED_FIRES:

@@ -48,16 +48,28 @@ class DueSchedule(NamedTuple):
     max_lateness_seconds: int
     catchup_limit: int
     catchup_per_minute: int
+    # Kind "interval" only; last, with defaults, so that the other kinds' callers need not name them.
+    every_seconds: int | None = None
+    anchor_at: datetime | None = None
 
     @property
     def rule(self) -> TimeRule:
-        return _time_rule(self.kind, self.timezone, self.cron, self.run_at)
+        return _time_rule(self.kind, self.timezone, self.cron, self.run_at, self.every_seconds, self.anchor_at)
 
 
 @functools.lru_cache(maxsize=4096)
-def _time_rule(kind: str, timezone: str, cron: str | None, run_at: datetime | None) -> TimeRule:
+def _time_rule(
+    kind: str,
+    timezone: str,
+    cron: str | None,
+    run_at: datetime | None,
+    every_seconds: int | None,
+    anchor_at: datetime | None,
+) -> TimeRule:
     """One TimeRule per distinct rule: a burst's schedules share a few rhythms."""
-    return TimeRule(kind=kind, timezone=timezone, cron=cron, run_at=run_at)
+    return TimeRule(
+        kind=kind, timezone=timezone, cron=cron, run_at=run_at, every_seconds=every_seconds, anchor_at=anchor_at
+    )
 
 
 # Value objects, but not frozen: the materializer makes one of each per fire, and a frozen dataclass's __init__
@@ -171,6 +183,8 @@ WALK_KEY_FIELDS = (
     "kind",
     "cron",
     "run_at",
+    "every_seconds",
+    "anchor_at",
     "timezone",
     "next_run_at",
     "misfire_policy",
@@ -211,7 +225,8 @@ def walk_fires(schedule: DueSchedule, *, now: datetime, horizon: timedelta) -> W
     cursor: datetime | None = schedule.next_run_at
     while cursor is not None and cursor <= horizon_end and len(fires) < cap:
         fires.append(cursor)
-        cursor = rule.next_after(cursor) if schedule.kind == "cron" else None
+        # A one-off's cursor is its only fire; cron and interval rules give the next (an interval's by division).
+        cursor = None if schedule.kind == "once" else rule.next_after(cursor)
 
     truncated_in_past = cursor is not None and cursor < lateness_limit
     if truncated_in_past and keep:

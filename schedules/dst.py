@@ -1,8 +1,10 @@
-"""Where a zone's clock changes meet a cron rule's wall-clock times: the notes a preview shows beside its fires.
+"""Where a zone's clock changes meet a rule's fires: the notes a preview shows beside them.
 
 The time rules (schedules/timerules.py, API.md) skip a wall-clock time that does not exist that day (spring forward)
 and fire a repeated one once, at its first instant (fall back). Both are silent in a list of fires: a day is just
-missing, or an hour looks ordinary. These notes say so, in the words an operator checks a rule with.
+missing, or an hour looks ordinary. These notes say so, in the words an operator checks a rule with. An interval
+rule is elapsed time, which a clock change never moves: its note says that its fires read differently on the local
+clock from then on (a daily interval at 09:00 EST is at 10:00 EDT after spring forward).
 
 No croniter here: the parsed fields (schedules.cron_syntax) are matched against the few wall-clock minutes a clock
 change affects, with the Vixie day rule, exactly as timerules walks them.
@@ -17,7 +19,16 @@ from datetime import UTC, datetime, timedelta
 from schedules.cron_syntax import CronSpec, TimeRuleError, parse_cron
 from schedules.timerules import parse_timezone
 
-__all__ = ["ClockChange", "DstNote", "clock_changes", "dst_notes", "upcoming_dst_notes"]
+__all__ = [
+    "ClockChange",
+    "DstNote",
+    "clock_changes",
+    "dst_notes",
+    "interval_dst_notes",
+    "preview_notes",
+    "upcoming_dst_notes",
+    "upcoming_interval_dst_notes",
+]
 
 # Offsets are sampled this far apart, then bisected. Real zones change at most a few times a year, never twice in
 # six hours, so no change is stepped over.
@@ -56,7 +67,7 @@ class DstNote:
     """A note for a preview. `at` orders it among the fires; `fires` are the fires it explains (a repeated time's
     first instants), none for skipped times, which have no fire."""
 
-    kind: str  # "skipped" | "repeated"
+    kind: str  # "skipped" | "repeated" (cron), "elapsed" (interval)
     at: datetime
     text: str
     fires: tuple[datetime, ...] = ()
@@ -219,3 +230,78 @@ def _note(
             f"({first_local.tzname()}), not again in {second_zone}."
         )
     return DstNote(kind="repeated", at=shown[0], text=text, fires=shown)
+
+
+def preview_notes(
+    kind: str, timezone: str, *, cron: str | None, after: datetime, fires: list[datetime]
+) -> tuple[list[DstNote], list[DstNote]]:
+    """A preview's notes as they touch the rule's kind: those among its fires, and the next ones after them (within
+    a year). A cron rule's skipped and repeated wall times; an interval's fires reading differently on the local
+    clock; nothing for a one-off."""
+    last = max(fires) if fires else after
+    if kind == "cron":
+        expression = cron or ""
+        notes = dst_notes(expression, timezone, after=after, fires=fires)
+        return notes, upcoming_dst_notes(expression, timezone, after=last)
+    if kind == "interval":
+        notes = interval_dst_notes(timezone, after=after, fires=fires)
+        return notes, upcoming_interval_dst_notes(timezone, after=last)
+    return [], []
+
+
+def interval_dst_notes(timezone: str, *, after: datetime, fires: list[datetime]) -> list[DstNote]:
+    """Notes for the clock changes among an interval preview's fires (strictly after `after`, up to the last fire),
+    each naming the first fire after the change. Nothing for an empty preview or a zone that does not parse."""
+    zone = _zone(timezone)
+    if zone is None or not fires:
+        return []
+    ordered = sorted(fires)
+    notes = []
+    for change in clock_changes(zone, after, ordered[-1]):
+        first_after = next(fire for fire in ordered if fire >= change.at)
+        notes.append(_elapsed_note(change, timezone, fires=(first_after,)))
+    return notes
+
+
+def upcoming_interval_dst_notes(
+    timezone: str, *, after: datetime, within: timedelta = timedelta(days=366), limit: int = 2
+) -> list[DstNote]:
+    """The next `limit` clock changes of the zone after `after` (within a year): an interval's fires keep their
+    elapsed rhythm through each, and read differently on the local clock after it."""
+    zone = _zone(timezone)
+    if zone is None:
+        return []
+    return [_elapsed_note(change, timezone) for change in clock_changes(zone, after, after + within)[:limit]]
+
+
+def _zone(timezone: str) -> zoneinfo.ZoneInfo | None:
+    try:
+        return parse_timezone(timezone)
+    except TimeRuleError:
+        return None
+
+
+def _elapsed_note(change: ClockChange, timezone: str, fires: tuple[datetime, ...] = ()) -> DstNote:
+    start, end = change.wall_range()
+    shift = abs(change.after - change.before)
+    clock = "%H:%M" if start.date() == end.date() else "%Y-%m-%d %H:%M"
+    if change.is_gap:
+        what, direction = f"the clocks jump from {start:{clock}} to {end:{clock}}", "later"
+    else:
+        what, direction = f"the clocks go back from {end:{clock}} to {start:{clock}}", "earlier"
+    return DstNote(
+        kind="elapsed",
+        at=change.at,
+        text=f"On {start:%Y-%m-%d} in {timezone} {what}: the interval keeps its rhythm in elapsed time, so from then "
+        f"on its fires read {_span(shift)} {direction} on the local clock.",
+        fires=fires,
+    )
+
+
+def _span(span: timedelta) -> str:
+    """'1 h', '30 min', '1 h 30 min', '1 d': the size of a clock change."""
+    minutes = int(span.total_seconds()) // 60
+    days, minutes = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(minutes, 60)
+    parts = [f"{days} d" if days else "", f"{hours} h" if hours else "", f"{minutes} min" if minutes else ""]
+    return " ".join(part for part in parts if part) or f"{int(span.total_seconds())} s"

@@ -17,6 +17,7 @@ from schedules.timerules import TimeRule
 class Kind(models.TextChoices):
     CRON = "cron"
     ONCE = "once"
+    INTERVAL = "interval"
 
 
 class Lane(models.TextChoices):
@@ -49,6 +50,8 @@ DEFINITION_FIELDS = (
     "kind",
     "cron",
     "run_at",
+    "every_seconds",
+    "anchor_at",
     "timezone",
     "lane",
     "flexible_window_seconds",
@@ -67,6 +70,8 @@ PLANNING_FIELDS = (
     "kind",
     "cron",
     "run_at",
+    "every_seconds",
+    "anchor_at",
     "timezone",
     "lane",
     "flexible_window_seconds",
@@ -112,6 +117,11 @@ class Schedule(models.Model):
     kind = models.CharField(max_length=8, choices=Kind.choices)
     cron = models.CharField(max_length=200, null=True, blank=True)
     run_at = models.DateTimeField(null=True, blank=True)
+    # kind "interval": fires at anchor_at + k x every_seconds (k >= 0), elapsed time. A plain integer column (no
+    # CHECK of its own, as PositiveIntegerField would add): the ranges are the services', schedule_kind_has_time
+    # below keeps it positive.
+    every_seconds = models.IntegerField(null=True, blank=True)
+    anchor_at = models.DateTimeField(null=True, blank=True)
     timezone = models.CharField(max_length=64, default="UTC")
     lane = models.CharField(max_length=8, choices=Lane.choices, default=Lane.STRICT)
     flexible_window_seconds = models.PositiveIntegerField(default=300)
@@ -154,8 +164,14 @@ class Schedule(models.Model):
                 name="schedule_unique_idempotency_key",
             ),
             models.CheckConstraint(condition=Q(priority__gte=-100, priority__lte=100), name="schedule_priority_range"),
+            # An interval's period is checked positive here too: the materializer divides by it. (A NULL period
+            # is excluded explicitly: a CHECK whose expression is NULL passes.)
             models.CheckConstraint(
-                condition=(Q(kind="cron", cron__isnull=False) | Q(kind="once", run_at__isnull=False)),
+                condition=(
+                    Q(kind="cron", cron__isnull=False)
+                    | Q(kind="once", run_at__isnull=False)
+                    | Q(kind="interval", every_seconds__isnull=False, every_seconds__gte=1, anchor_at__isnull=False)
+                ),
                 name="schedule_kind_has_time",
             ),
         ]
@@ -188,12 +204,20 @@ class Schedule(models.Model):
 
     @property
     def time_rule(self) -> TimeRule:
-        return TimeRule(kind=self.kind, timezone=self.timezone, cron=self.cron, run_at=self.run_at)
+        return TimeRule(
+            kind=self.kind,
+            timezone=self.timezone,
+            cron=self.cron,
+            run_at=self.run_at,
+            every_seconds=self.every_seconds,
+            anchor_at=self.anchor_at,
+        )
 
     def definition(self) -> dict:
         """JSON snapshot of the definition and state, as stored in ScheduleVersion."""
         snapshot = {field: getattr(self, field) for field in DEFINITION_FIELDS}
         snapshot["run_at"] = self.run_at.isoformat() if self.run_at else None
+        snapshot["anchor_at"] = self.anchor_at.isoformat() if self.anchor_at else None
         snapshot["state"] = self.state
         return snapshot
 
@@ -220,6 +244,8 @@ class ScheduleCursor(models.Model):
     kind = models.CharField(max_length=8, choices=Kind.choices)
     cron = models.CharField(max_length=200, null=True, blank=True)
     run_at = models.DateTimeField(null=True, blank=True)
+    every_seconds = models.IntegerField(null=True, blank=True)
+    anchor_at = models.DateTimeField(null=True, blank=True)
     timezone = models.CharField(max_length=64)
     lane = models.CharField(max_length=8, choices=Lane.choices)
     flexible_window_seconds = models.PositiveIntegerField()

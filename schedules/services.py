@@ -18,52 +18,24 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
 from dispatch import occurrences as dispatch_occurrences
-from dispatch.handlers import is_registered, registered_names
 from dispatch.planning import DueSchedule, plan_schedule
 from schedules.clock import db_now
-from schedules.cron_syntax import TimeRuleError, normalize_cron
-from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
-from schedules.json_input import storable_json
+from schedules.definitions import TIME_FIELDS, anchored_at_now, clean_definition, time_rule_of
+from schedules.errors import QuotaExceeded, StateConflict
 from schedules.models import (
     DEFINITION_FIELDS,
     Kind,
-    Lane,
-    MisfirePolicy,
-    OverlapPolicy,
     Schedule,
     ScheduleState,
     ScheduleVersion,
     VersionChange,
     shard_for,
 )
-from schedules.timerules import TimeRule, parse_timezone
+from schedules.timerules import TimeRule
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
 
-# Ranges of the numeric definition fields: (minimum, maximum). Named so the API, admin and docs agree.
-NUMERIC_RANGES: dict[str, tuple[int, int]] = {
-    "priority": (-100, 100),
-    "flexible_window_seconds": (1, 3600),
-    "max_lateness_seconds": (0, 7 * 24 * 3600),
-    "catchup_limit": (0, 1000),
-    "max_attempts": (1, 100),
-}
-DEFAULTS: dict[str, Any] = {
-    "cron": None,
-    "run_at": None,
-    "timezone": "UTC",
-    "lane": Lane.STRICT,
-    "flexible_window_seconds": 300,
-    "priority": 0,
-    "payload": {},
-    "misfire_policy": MisfirePolicy.SKIP,
-    "max_lateness_seconds": 60,
-    "catchup_limit": 10,
-    "overlap_policy": OverlapPolicy.ALLOW,
-    "max_attempts": 5,
-}
-REQUIRED_FIELDS = ("name", "kind", "handler")
 MAX_PREVIEW_COUNT = 100
 
 
@@ -71,93 +43,6 @@ MAX_PREVIEW_COUNT = 100
 class CancelResult:
     schedule: Schedule
     in_flight: list[dispatch_occurrences.InFlight]
-
-
-# --- validation -------------------------------------------------------------------------------------------
-
-
-def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
-    """Check a complete definition (defaults applied) and return it normalised; raise ScheduleInvalid.
-
-    The API's serializers check types; this checks the rules, so the admin and commands get the same answers.
-    """
-    errors: dict[str, list[str]] = {}
-    definition = {**DEFAULTS, **data}
-
-    for field in REQUIRED_FIELDS:
-        if definition.get(field) in (None, ""):
-            errors.setdefault(field, []).append("This field is required.")
-
-    kind = definition.get("kind")
-    if kind not in (None, "") and kind not in Kind.values:
-        errors.setdefault("kind", []).append(f"Must be one of: {', '.join(Kind.values)}.")
-
-    try:
-        parse_timezone(definition["timezone"])
-    except TimeRuleError as exc:
-        errors.setdefault("timezone", []).append(exc.message)
-
-    if kind == Kind.CRON:
-        if definition.get("run_at") is not None:
-            errors.setdefault("run_at", []).append("Only schedules of kind 'once' take run_at.")
-        if not definition.get("cron"):
-            errors.setdefault("cron", []).append("Required for kind 'cron'.")
-        else:
-            try:
-                definition["cron"] = normalize_cron(definition["cron"])
-            except TimeRuleError as exc:
-                errors.setdefault("cron", []).append(exc.message)
-    elif kind == Kind.ONCE:
-        if definition.get("cron") not in (None, ""):
-            errors.setdefault("cron", []).append("Only schedules of kind 'cron' take cron.")
-        definition["cron"] = None
-        run_at = definition.get("run_at")
-        if run_at is None:
-            errors.setdefault("run_at", []).append("Required for kind 'once'.")
-        elif run_at.tzinfo is None:
-            errors.setdefault("run_at", []).append("Give an offset or 'Z' (ISO 8601), e.g. 2026-12-01T09:00:00Z.")
-
-    handler = definition.get("handler")
-    if handler and not is_registered(handler):
-        errors.setdefault("handler", []).append(
-            f"Unknown handler {handler!r}. Registered: {', '.join(registered_names())}."
-        )
-
-    for field, choices in (
-        ("lane", Lane.values),
-        ("misfire_policy", MisfirePolicy.values),
-        ("overlap_policy", OverlapPolicy.values),
-    ):
-        if definition.get(field) not in choices:
-            errors.setdefault(field, []).append(f"Must be one of: {', '.join(choices)}.")
-
-    for field, (low, high) in NUMERIC_RANGES.items():
-        value = definition.get(field)
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            errors.setdefault(field, []).append(f"Must be an integer from {low} to {high}.")
-
-    payload = definition.get("payload")
-    if not isinstance(payload, dict):
-        errors.setdefault("payload", []).append("Must be a JSON object.")
-    else:
-        # Real UTF-8 bytes, as stored and shipped: an accented letter is 2 bytes, not a 6-byte \u escape.
-        size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
-        if size > settings.SCHEDULER_MAX_PAYLOAD_BYTES:
-            errors.setdefault("payload", []).append(
-                f"Is {size} bytes encoded; the limit is {settings.SCHEDULER_MAX_PAYLOAD_BYTES} bytes."
-            )
-        elif not storable_json(payload):
-            errors.setdefault("payload", []).append(
-                "Contains U+0000 or an unpaired surrogate (U+D800-U+DFFF), which PostgreSQL cannot store."
-            )
-
-    name = definition.get("name")
-    if isinstance(name, str) and len(name) > 200:
-        errors.setdefault("name", []).append("At most 200 characters.")
-
-    if errors:
-        raise ScheduleInvalid(errors)
-    return {field: definition[field] for field in DEFINITION_FIELDS}
 
 
 def fingerprint(body: dict[str, Any]) -> str:
@@ -182,13 +67,12 @@ def preview_fires(rule: TimeRule, *, after: datetime, count: int) -> list[dateti
 def preview_definition(definition: dict[str, Any], *, after: datetime, count: int, now: datetime) -> list[datetime]:
     """What a schedule with this definition would fire from `after` on, if created (or left active) now.
 
-    The next fires strictly after `after`, and one case more: a one-off whose run_at has already passed is
-    created anyway and its misfire policy decides at once (dispatch.planning, the materializer's own rule) whether
-    it fires now or is recorded missed. The preview shows the fire when it would run, so preview and create agree.
+    The next fires strictly after `after` (an interval without anchor_at anchored at `now`, as create would), and
+    one case more: a one-off whose run_at has already passed is created anyway and its misfire policy decides at
+    once (dispatch.planning, the materializer's own rule) whether it fires now or is recorded missed. The preview
+    shows the fire when it would run, so preview and create agree.
     """
-    rule = TimeRule(
-        kind=definition["kind"], timezone=definition["timezone"], cron=definition["cron"], run_at=definition["run_at"]
-    )
+    rule = time_rule_of(anchored_at_now(definition, now))
     run_at = rule.run_at
     if rule.kind == Kind.ONCE and run_at is not None and run_at <= min(after, now):
         due = DueSchedule(
@@ -302,7 +186,7 @@ def create_schedule(
         with transaction.atomic():
             now = now or db_now()
             locked_tenant = _claim_quota_slot(tenant.pk)
-            schedule = Schedule(tenant=locked_tenant, **definition)
+            schedule = Schedule(tenant=locked_tenant, **anchored_at_now(definition, now))
             schedule.shard = shard_for(schedule.id)
             schedule.next_run_at = _first_fire(schedule.time_rule, now)
             schedule.state = ScheduleState.ACTIVE
@@ -365,12 +249,13 @@ def update_schedule(
         merged = {field: getattr(schedule, field) for field in DEFINITION_FIELDS}
         stored_run_at = schedule.run_at
         merged.update(changes)
-        # Switching kind drops the time field of the old kind unless the caller set it explicitly.
-        if merged["kind"] == Kind.ONCE and "cron" not in changes:
-            merged["cron"] = None
-        if merged["kind"] == Kind.CRON and "run_at" not in changes:
-            merged["run_at"] = None
-        definition = clean_definition(merged)
+        # Switching kind drops the time fields of the old kind unless the caller set them explicitly (then they are
+        # refused). A switch to interval without anchor_at is anchored now, as a create would be.
+        for kind, fields in TIME_FIELDS.items():
+            for field in fields if kind != merged["kind"] else ():
+                if field not in changes:
+                    merged[field] = None
+        definition = anchored_at_now(clean_definition(merged), now)
         for field, value in definition.items():
             setattr(schedule, field, value)
         if schedule.state in (ScheduleState.ACTIVE, ScheduleState.COMPLETED):

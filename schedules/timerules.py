@@ -1,4 +1,8 @@
-"""Time rules: DST-correct fire instants for schedules in IANA zones; the only module that drives croniter."""
+"""Time rules: DST-correct fire instants for schedules in IANA zones; the only module that drives croniter.
+
+Three kinds: `cron` (wall-clock times in the zone), `once` (one instant) and `interval` (a fixed rate in elapsed
+time: anchor_at + k x every_seconds, k >= 0, which clock changes never move; the zone only labels local times).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,9 @@ from schedules.cron_syntax import CronField, CronSpec, TimeRuleError, normalize_
 # TimeRuleError is defined with the syntax checks but stays part of this API: TimeRule raises it, and the
 # dispatch plane imports it from here.
 __all__ = [
+    "EARLIEST_INSTANT",
+    "EVERY_SECONDS_RANGE",
+    "LATEST_INSTANT",
     "TimeRule",
     "TimeRuleError",
     "local_time",
@@ -28,7 +35,16 @@ COMPILE_CACHE_SIZE = 4096
 # The materializer asks for the next fire of many schedules at the same instants; ~100 bytes per entry.
 NEXT_FIRE_CACHE_SIZE = 65536
 
-KINDS = ("cron", "once")
+KINDS = ("cron", "once", "interval")
+# The instants a definition may name (run_at, anchor_at; the API's inputs too). Outside them zone conversion
+# overflows datetime (year 1 or 9999 with an offset), and a preview of up to 100 fires of a rare rule (29 February,
+# a yearly interval) would walk past year 9999.
+EARLIEST_INSTANT = datetime(1900, 1, 1, tzinfo=UTC)
+LATEST_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
+# The accepted periods of an interval schedule, in seconds: one second to 365 days.
+EVERY_SECONDS_RANGE = (1, 31_536_000)
+_ONE_MICROSECOND = timedelta(microseconds=1)
+_MICROSECONDS_PER_SECOND = 1_000_000
 # Zone files that zoneinfo can load but that name no place: they would silently mean "this host" or "no zone".
 _NOT_IANA_ZONES = frozenset({"localtime", "posixrules", "Factory"})
 
@@ -155,30 +171,54 @@ def _as_utc(value: datetime, name: str) -> datetime:
     return value if value.tzinfo is UTC else value.astimezone(UTC)
 
 
+def _next_interval_fire(anchor: datetime, every_seconds: int, after: datetime) -> datetime | None:
+    """The first anchor + k x every_seconds (k >= 0) strictly after `after`, by division: O(1) however far the
+    anchor lies behind (the materializer asks this for every fire it plans). Exact integer microseconds, so a fire is
+    never a float's rounding away from the grid. None past the end of datetime's range."""
+    if after < anchor:
+        return anchor
+    every = every_seconds * _MICROSECONDS_PER_SECOND
+    steps = (after - anchor) // _ONE_MICROSECOND // every + 1
+    try:
+        return anchor + timedelta(microseconds=steps * every)
+    except OverflowError:
+        return None
+
+
 @dataclass(frozen=True)
 class TimeRule:
-    """When a schedule fires: a cron rhythm in a zone, or a single instant."""
+    """When a schedule fires: a cron rhythm in a zone, a single instant, or a fixed interval from an anchor."""
 
     kind: str
     timezone: str = "UTC"
     cron: str | None = None
     run_at: datetime | None = None
+    every_seconds: int | None = None
+    anchor_at: datetime | None = None
 
     def validate(self) -> None:
-        """Raise TimeRuleError naming the API field at fault; `once` needs a valid zone too (previews)."""
+        """Raise TimeRuleError naming the API field at fault; `once` and `interval` need a valid zone too (the
+        local labels of previews)."""
         if self.kind not in KINDS:
-            raise TimeRuleError("kind", f"Unknown kind {str(self.kind)[:20]!r}. Use 'cron' or 'once'.")
+            raise TimeRuleError("kind", f"Unknown kind {str(self.kind)[:20]!r}. Use 'cron', 'once' or 'interval'.")
         parse_timezone(self.timezone)
         if self.kind == "cron":
             if self.cron is None:
                 raise TimeRuleError("cron", "A cron schedule needs a cron expression, e.g. '30 2 * * *'.")
             normalize_cron(self.cron)
+        elif self.kind == "interval":
+            self._interval()
+            low, high = EVERY_SECONDS_RANGE
+            if not low <= (self.every_seconds or 0) <= high:
+                raise TimeRuleError("every_seconds", f"every_seconds must be an integer from {low} to {high:,}.")
         else:
             self._run_at_utc()
 
     def next_after(self, after: datetime) -> datetime | None:
         """First fire strictly after `after` (aware, any zone) as aware UTC; None when there is none."""
         after = _as_utc(after, "after")
+        if self.kind == "interval":
+            return _next_interval_fire(*self._grid, after)
         if self.kind == "once":
             run_at = self._run_at_utc()
             return run_at if run_at > after else None
@@ -219,6 +259,29 @@ class TimeRule:
         if self.run_at.utcoffset() is None:
             raise TimeRuleError("run_at", "run_at needs a UTC offset or 'Z', e.g. '2026-12-01T07:30:00Z'.")
         return self.run_at.astimezone(UTC)
+
+    @functools.cached_property
+    def _grid(self) -> tuple[datetime, int]:
+        """_interval(), checked once per rule: the materializer asks a rule for each fire it walks."""
+        return self._interval()
+
+    def _interval(self) -> tuple[datetime, int]:
+        """(anchor_at in UTC, every_seconds), checked as far as the arithmetic needs: a positive whole period (the
+        accepted range is validate()'s; a stored rule past it still has fires, so the materializer never fails)."""
+        every = self.every_seconds
+        if every is None:
+            raise TimeRuleError("every_seconds", "An interval schedule needs every_seconds, e.g. 300.")
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            low, high = EVERY_SECONDS_RANGE
+            raise TimeRuleError("every_seconds", f"every_seconds must be an integer from {low} to {high:,}.")
+        anchor = self.anchor_at
+        if anchor is None:
+            raise TimeRuleError("anchor_at", "An interval schedule needs anchor_at, e.g. '2026-12-01T07:30:00Z'.")
+        if not isinstance(anchor, datetime):
+            raise TimeRuleError("anchor_at", "anchor_at must be a date and time, e.g. '2026-12-01T07:30:00Z'.")
+        if anchor.utcoffset() is None:
+            raise TimeRuleError("anchor_at", "anchor_at needs a UTC offset or 'Z', e.g. '2026-12-01T07:30:00Z'.")
+        return (anchor if anchor.tzinfo is UTC else anchor.astimezone(UTC)), every
 
 
 def local_time(instant: datetime, timezone: str) -> datetime:

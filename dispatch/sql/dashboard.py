@@ -70,21 +70,29 @@ GROUP BY 1
 # rule from the cursor to `until` (an every-minute schedule is 60 fires an hour, not one). A cursor behind now
 # (the materializer is down or behind) counts from now: its overdue fires are the backlog, not the next hour. A
 # one-off's cursor is its only fire, so one-offs are only counted per minute, never expanded; their grouping key
-# drops the zone, which would otherwise give a group per zone. Rows: kind, cron, timezone, first instant, count.
+# drops the zone, which would otherwise give a group per zone. An interval's fires from its cursor on are the
+# cursor plus whole periods, so it is grouped by (period, its first fire from now on), that fire truncated to the
+# second (fires whole periods apart keep their minutes): a period has at most min(period, 3600) groups in the
+# hour, each expanded by adding the period. Rows: kind, cron, timezone, every_seconds, first instant, count.
 # {source} is DUE_CURSORS_BY_SHARD (one index range per shard on cursor_due_by_shard) or DUE_CURSORS_SAMPLED.
 DUE_CURSOR_GROUPS = """
 SELECT c.kind,
        CASE WHEN c.kind = 'cron' THEN c.cron END,
        CASE WHEN c.kind = 'cron' THEN c.timezone END,
-       CASE WHEN c.kind = 'cron' THEN GREATEST(c.next_run_at, %(now)s) ELSE date_trunc('minute', c.next_run_at) END,
+       CASE WHEN c.kind = 'interval' THEN c.every_seconds END,
+       CASE WHEN c.kind = 'cron' THEN GREATEST(c.next_run_at, %(now)s)
+            WHEN c.kind = 'interval' THEN date_trunc('second', c.next_run_at
+                + (ceil(GREATEST(0, EXTRACT(EPOCH FROM %(now)s - c.next_run_at)) / c.every_seconds)
+                   * c.every_seconds)::float8 * interval '1 second')
+            ELSE date_trunc('minute', c.next_run_at) END,
        count(*)
 FROM {source}
-WHERE c.next_run_at < %(until)s AND (c.kind = 'cron' OR c.next_run_at >= %(now)s)
-GROUP BY 1, 2, 3, 4
+WHERE c.next_run_at < %(until)s AND (c.kind <> 'once' OR c.next_run_at >= %(now)s)
+GROUP BY 1, 2, 3, 4, 5
 """
 DUE_CURSORS_BY_SHARD = """generate_series(0, %(shards)s - 1) AS s(shard)
 CROSS JOIN LATERAL (
-    SELECT kind, cron, timezone, next_run_at FROM schedules_schedulecursor
+    SELECT kind, cron, timezone, every_seconds, next_run_at FROM schedules_schedulecursor
     WHERE shard = s.shard AND next_run_at < %(until)s
 ) AS c"""
 # Most cursors of a busy platform are inside the hour (the materializer keeps them a horizon ahead of each rule's

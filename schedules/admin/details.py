@@ -11,8 +11,8 @@ from dispatch.models import Occurrence
 from schedules.admin.formatting import format_local, format_utc, summarize_definition
 from schedules.clock import db_now
 from schedules.cron_syntax import TimeRuleError
-from schedules.dst import dst_notes, upcoming_dst_notes
-from schedules.models import Kind, Schedule, ScheduleState, ScheduleVersion
+from schedules.dst import preview_notes
+from schedules.models import Schedule, ScheduleState, ScheduleVersion
 from schedules.services import preview_fires
 
 PREVIEW_FIRES = 10
@@ -45,10 +45,7 @@ def _next_fires(schedule: Schedule, now: datetime) -> dict[str, Any]:
         note = "Paused: these are the fires the rule describes; none happens until the schedule is resumed."
     elif not fires:
         note = "The rule has no fire after now."
-    notes, ahead = [], []
-    if schedule.kind == Kind.CRON:
-        notes = dst_notes(schedule.cron or "", schedule.timezone, after=now, fires=fires)
-        ahead = upcoming_dst_notes(schedule.cron or "", schedule.timezone, after=max(fires) if fires else now)
+    notes, ahead = preview_notes(schedule.kind, schedule.timezone, cron=schedule.cron, after=now, fires=fires)
     by_fire = {fire: dst.text for dst in notes for fire in dst.fires}
     rows = [
         {

@@ -12,7 +12,7 @@ from schedules.timerules import local_time
 
 
 def _clock(value: datetime) -> str:
-    # Cron fires land on whole minutes; seconds only appear when a one-off asked for them.
+    # Cron fires land on whole minutes; seconds only appear when a one-off or an interval asked for them.
     return "%Y-%m-%d %H:%M:%S" if value.second or value.microsecond else "%Y-%m-%d %H:%M"
 
 
@@ -37,10 +37,25 @@ def format_local(instant: datetime | None, timezone: str, *, with_offset: bool =
     return text
 
 
+def every_text(seconds: int | None) -> str:
+    """'every 90 s' reads worse than 'every 1 min 30 s': a period in the units an operator thinks in."""
+    if not seconds:
+        return "every ? s"
+    minutes, secs = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    parts = [(days, "d"), (hours, "h"), (minutes, "min"), (secs, "s")]
+    return "every " + " ".join(f"{value} {unit}" for value, unit in parts if value)
+
+
 def describe_schedule(schedule: Schedule) -> str:
-    """'At 02:30 every day (America/New_York)' or 'Once at 2026-12-01 09:00 EST (America/New_York)'."""
+    """'At 02:30 every day (America/New_York)', 'Once at 2026-12-01 09:00 EST (America/New_York)' or
+    'Every 1 h 30 min from 2026-12-01 09:00 UTC, elapsed time (Europe/Madrid)'."""
     if schedule.kind == Kind.ONCE:
         return f"Once at {format_local(schedule.run_at, schedule.timezone)} ({schedule.timezone})"
+    if schedule.kind == Kind.INTERVAL:
+        every = every_text(schedule.every_seconds).capitalize()
+        return f"{every} from {format_utc(schedule.anchor_at)}, elapsed time ({schedule.timezone})"
     try:
         text = describe_cron(schedule.cron or "")
     except TimeRuleError:
@@ -51,6 +66,8 @@ def describe_schedule(schedule: Schedule) -> str:
 def summarize_definition(definition: dict[str, Any]) -> str:
     if definition.get("kind") == Kind.ONCE:
         when = f"once at {definition.get('run_at')}"
+    elif definition.get("kind") == Kind.INTERVAL:
+        when = f"{every_text(definition.get('every_seconds'))} from {definition.get('anchor_at')}"
     else:
         when = f"cron '{definition.get('cron')}'"
     return (

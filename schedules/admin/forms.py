@@ -12,10 +12,10 @@ from django.forms.fields import InvalidJSONInput
 
 from dispatch.handlers import registered_names
 from scheduler_project.console import InstantField
+from schedules.definitions import TIME_FIELDS, clean_definition
 from schedules.errors import ScheduleInvalid
 from schedules.json_input import JSONInputError, loads_strict, storable_json
-from schedules.models import DEFINITION_FIELDS, Kind, Schedule, ScheduleState
-from schedules.services import clean_definition
+from schedules.models import DEFINITION_FIELDS, Schedule, ScheduleState
 
 
 class PayloadField(forms.JSONField):
@@ -49,7 +49,7 @@ class PayloadField(forms.JSONField):
 
 
 class ScheduleChangeForm(forms.ModelForm):
-    """The definition, validated by the same rules as the API (services.clean_definition).
+    """The definition, validated by the same rules as the API (definitions.clean_definition).
 
     It never saves the model itself: ScheduleAdmin.save_model hands `definition_changes()` to update_schedule,
     which writes a new version. `seen_version` rejects a save over a version the operator never saw.
@@ -63,10 +63,14 @@ class ScheduleChangeForm(forms.ModelForm):
     class Meta:
         model = Schedule
         fields = DEFINITION_FIELDS
-        labels = {"run_at": "Run at (UTC)"}
+        labels = {"run_at": "Run at (UTC)", "every_seconds": "Every (seconds)", "anchor_at": "Anchor at (UTC)"}
         help_texts = {
             "cron": "5 fields: minute hour day-of-month month day-of-week (kind 'cron' only).",
             "run_at": "The single fire of a schedule of kind 'once'.",
+            "every_seconds": "Seconds between fires, 1 to 31536000 (kind 'interval' only): elapsed time, which clock "
+            "changes never move.",
+            "anchor_at": "The rhythm's origin: fires at anchor + k x every seconds (kind 'interval' only). Empty: "
+            "now, to the second.",
         }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -90,11 +94,12 @@ class ScheduleChangeForm(forms.ModelForm):
             raise forms.ValidationError("A canceled schedule cannot be changed.")
         if self.errors:
             return cleaned
-        # The field of the other kind is dropped rather than reported: the form shows both at once.
-        if cleaned.get("kind") == Kind.ONCE:
-            cleaned["cron"] = None
-        elif cleaned.get("kind") == Kind.CRON:
-            cleaned["run_at"] = None
+        # The fields of the other kinds are dropped rather than reported: without JavaScript the form shows them all.
+        kind = cleaned.get("kind")
+        if kind in TIME_FIELDS:
+            for owner, fields in TIME_FIELDS.items():
+                for field in fields if owner != kind else ():
+                    cleaned[field] = None
         try:
             self.definition = clean_definition({field: cleaned.get(field) for field in DEFINITION_FIELDS})
         except ScheduleInvalid as exc:

@@ -1,7 +1,7 @@
 """The change form's live preview: the API's POST /api/v1/schedules/preview/ rules behind a console URL.
 
 Operators are logged in to the console, not holding a tenant's token, so the form cannot call the tenant API. This
-view runs the same steps on the same code: the API's input serializer (types), services.clean_definition (rules,
+view runs the same steps on the same code: the API's input serializer (types), definitions.clean_definition (rules,
 with the API's placeholders for name and handler), services.preview_definition (the fires). It adds what a person
 typing needs and a client of the API does not: the fires in words and the DST notes.
 """
@@ -18,11 +18,12 @@ from schedules.api.serializers import PreviewInputSerializer, utc_text
 from schedules.api.views import PREVIEW_PLACEHOLDERS
 from schedules.clock import db_now
 from schedules.cron_syntax import TimeRuleError
-from schedules.dst import dst_notes, upcoming_dst_notes
+from schedules.definitions import anchored_at_now, clean_definition
+from schedules.dst import preview_notes
 from schedules.errors import ScheduleInvalid
 from schedules.json_input import JSONInputError, loads_strict
 from schedules.models import Kind, MisfirePolicy, Schedule
-from schedules.services import clean_definition, preview_definition
+from schedules.services import preview_definition
 from schedules.timerules import local_time
 
 
@@ -59,14 +60,16 @@ def preview_json(request: HttpRequest) -> JsonResponse:
     return JsonResponse(preview_body(definition, fires, after=after, now=now))
 
 
+# What describe_schedule reads of a definition.
+DESCRIBED_FIELDS = ("kind", "cron", "run_at", "every_seconds", "anchor_at", "timezone")
+
+
 def preview_body(definition: dict[str, Any], fires: list[datetime], *, after: datetime, now: datetime) -> dict:
     timezone = definition["timezone"]
-    notes, ahead = [], []
-    if definition["kind"] == Kind.CRON:
-        notes = dst_notes(definition["cron"], timezone, after=after, fires=fires)
-        ahead = upcoming_dst_notes(definition["cron"], timezone, after=max(fires) if fires else after)
+    definition = anchored_at_now(definition, now)
+    notes, ahead = preview_notes(definition["kind"], timezone, cron=definition["cron"], after=after, fires=fires)
     fire_notes = {fire: note.text for note in notes for fire in note.fires}
-    rule = Schedule(kind=definition["kind"], cron=definition["cron"], run_at=definition["run_at"], timezone=timezone)
+    rule = Schedule(**{field: definition[field] for field in DESCRIBED_FIELDS})
     return {
         "summary": describe_schedule(rule),
         "after": utc_text(after),

@@ -13,8 +13,6 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
 
 from dispatch.handlers import registered_names
 from scheduler_project.console import (
@@ -25,10 +23,9 @@ from scheduler_project.console import (
     log_changes,
     parse_uuid,
 )
+from schedules.admin.columns import ScheduleColumnsMixin
 from schedules.admin.details import schedule_details, version_rows
-from schedules.admin.formatting import describe_schedule, format_local, format_utc
 from schedules.admin.forms import NOTE_MAX_LENGTH, NoteActionForm, ScheduleChangeForm
-from schedules.admin.listing import RunStatus, duration_text, run_statuses
 from schedules.admin.operations import (
     OPERATIONS,
     Outcome,
@@ -38,7 +35,6 @@ from schedules.admin.operations import (
     operator_actor,
     perform,
 )
-from schedules.clock import db_now
 from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
 from schedules.models import Schedule, ScheduleState
 from schedules.services import update_schedule
@@ -75,7 +71,7 @@ class HandlerFilter(admin.SimpleListFilter):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(ScheduleOperationsMixin, SafeActionSelectionMixin, admin.ModelAdmin):
+class ScheduleAdmin(ScheduleOperationsMixin, ScheduleColumnsMixin, SafeActionSelectionMixin, admin.ModelAdmin):
     """Schedules of every tenant, for operators.
 
     Adding is disabled: a schedule is tenant data, created by the tenant through the API, where the quota is
@@ -152,19 +148,6 @@ class ScheduleAdmin(ScheduleOperationsMixin, SafeActionSelectionMixin, admin.Mod
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type:
         return PageChangeList
 
-    def annotate_page(self, request: HttpRequest, schedules: list[Schedule]) -> None:
-        """Last run, next fire and cursor lag of the page's rows: one query, on the database clock."""
-        statuses = run_statuses(schedules, db_now())
-        for schedule in schedules:
-            schedule.run_status = statuses[schedule.pk]  # type: ignore[attr-defined]
-
-    def _status(self, schedule: Schedule) -> RunStatus:
-        status = getattr(schedule, "run_status", None)
-        if status is None:  # the change page: one schedule, not a page of them
-            status = run_statuses([schedule], db_now())[schedule.pk]
-            schedule.run_status = status  # type: ignore[attr-defined]
-        return status
-
     def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str):
         """A UUID is looked up by primary key alone, so pasting an id never scans the table for names."""
         wanted = parse_uuid(search_term)
@@ -172,91 +155,10 @@ class ScheduleAdmin(ScheduleOperationsMixin, SafeActionSelectionMixin, admin.Mod
             return queryset.filter(pk=wanted), False
         return super().get_search_results(request, queryset, search_term)
 
-    @admin.display(description="schedule")
-    def schedule_text(self, schedule: Schedule) -> str:
-        return describe_schedule(schedule)
-
-    @admin.display(description="state", ordering="state")
-    def state_text(self, schedule: Schedule) -> str:
-        status = self._status(schedule)
-        return format_html(
-            '<span class="sched-state sched-state-{}">{}</span>',
-            status.state_key(schedule),
-            status.state_text(schedule),
-        )
-
-    @admin.display(description="last run")
-    def last_run(self, schedule: Schedule) -> SafeString | str:
-        run = self._status(schedule).last_run
-        if run is None:
-            return "—"
-        url = reverse("admin:dispatch_occurrence_change", args=[run.occurrence_id])
-        return format_html(
-            '<a href="{}" title="{}">{}</a> <span class="sched-state sched-state-{}">{}</span>{}',
-            url,
-            run.reason,
-            format_utc(run.scheduled_for),
-            run.state,
-            run.state,
-            " (manual)" if run.manual else "",
-        )
-
-    @admin.display(description="next fire", ordering="cursor__next_run_at")
-    def next_fire(self, schedule: Schedule) -> SafeString | str:
-        """From the time rules after now; a warning when the cursor trails now (fires due, not materialized)."""
-        status = self._status(schedule)
-        warning = ""
-        if status.cursor_behind is not None:
-            warning = format_html(
-                '<br><span class="cursor-behind" title="{}">&#9888; cursor {} behind</span>',
-                f"The materializer's cursor is at {format_utc(schedule.next_run_at)}: fires already due have not "
-                "been materialized. Is the materializer running?",
-                duration_text(status.cursor_behind),
-            )
-        if status.rule_error:
-            return format_html("the rule cannot be evaluated: {}{}", status.rule_error, warning)
-        if status.next_fire is None:
-            if schedule.state == ScheduleState.ACTIVE:
-                return format_html("no fire after now{}", warning)
-            return f"— ({schedule.get_state_display().lower()})"
-        if schedule.timezone == "UTC":
-            return format_html("{}{}", format_utc(status.next_fire), warning)
-        return format_html(
-            "{}<br><small>{}</small>{}",
-            format_local(status.next_fire, schedule.timezone),
-            format_utc(status.next_fire),
-            warning,
-        )
-
-    @admin.display(description="materializer cursor")
-    def materializer_cursor(self, schedule: Schedule) -> str:
-        if schedule.next_run_at is None:
-            return "— (nothing to materialize)"
-        behind = self._status(schedule).cursor_behind
-        if behind is not None:
-            return format_html(
-                '{}: <span class="cursor-behind">&#9888; {} behind now</span>. Fires already due have not been '
-                "materialized: is the materializer running?",
-                format_utc(schedule.next_run_at),
-                duration_text(behind),
-            )
-        return (
-            f"{format_utc(schedule.next_run_at)}: the next fire not yet materialized. It runs up to the horizon "
-            "ahead of the next fire; it trails now only when the materializer is behind."
-        )
-
-    @admin.display(description="created at")
-    def created(self, schedule: Schedule) -> str:
-        return format_utc(schedule.created_at)
-
-    @admin.display(description="updated at")
-    def updated(self, schedule: Schedule) -> str:
-        return format_utc(schedule.updated_at)
-
     # -- change form --
 
     def get_fieldsets(self, request: HttpRequest, obj: Schedule | None = None):
-        definition = ["name", "kind", "cron", "run_at", "timezone", "handler", "payload"]
+        definition = ["name", "kind", "cron", "run_at", "every_seconds", "anchor_at", "timezone", "handler", "payload"]
         note = "Read-only: a canceled schedule is final."
         if self.has_change_permission(request, obj):
             definition.insert(0, "seen_version")

@@ -1,6 +1,6 @@
 """What the OpenAPI document says beyond what drf-spectacular infers: the error answers, the Idempotency-Key
 header, the accepted instants, handler names (an enum) and zone names, the cron syntax, and the rule that a `cron`
-schedule needs `cron` and a `once` schedule needs `run_at`.
+schedule needs `cron`, a `once` schedule `run_at` and an `interval` schedule `every_seconds`.
 
 The schema is a contract that the fuzz test (tests/integration/test_api_schemathesis.py) holds the API to, so each
 rule here states what the API really accepts: a looser schema lets valid-looking input meet a 400, a stricter one
@@ -22,7 +22,7 @@ from dispatch.handlers import registered_names
 from schedules.api.serializers import EARLIEST_INSTANT, LATEST_INSTANT, MAX_IDEMPOTENCY_KEY_LENGTH
 from schedules.cron_syntax import MAX_CRON_LENGTH, cron_pattern
 from schedules.json_input import MAX_JSON_DEPTH
-from schedules.timerules import zone_names
+from schedules.timerules import EVERY_SECONDS_RANGE, zone_names
 
 # --- text --------------------------------------------------------------------------------------------------
 
@@ -196,9 +196,12 @@ class JSONObjectFieldExtension(OpenApiSerializerFieldExtension):
 # --- request bodies ----------------------------------------------------------------------------------------
 
 KIND_RULE = (
-    "A schedule of kind `cron` needs `cron` (and takes no `run_at`); one of kind `once` needs `run_at` (and takes "
-    "no `cron`). Unknown fields are refused."
+    "A schedule of kind `cron` needs `cron`; one of kind `once` needs `run_at`; one of kind `interval` needs "
+    "`every_seconds` and takes an optional `anchor_at` (default: the instant it is created, truncated to the second) "
+    "and fires at `anchor_at` + k x `every_seconds` (k >= 0) in elapsed time, which clock changes never move. Each "
+    "kind refuses the others' time fields. Unknown fields are refused."
 )
+KINDS = ("cron", "once", "interval")
 
 
 def _text_rules(serializer: serializers.Serializer, schema: dict[str, Any]) -> None:
@@ -214,7 +217,7 @@ class ScheduleInputExtension(OpenApiSerializerExtension):
     target_class = "schedules.api.serializers.ScheduleInputSerializer"
     # A create must say what to run and under which name; a preview fills both in.
     required: tuple[str, ...] = ("name", "handler")
-    branch_names = {"cron": "CronScheduleInput", "once": "OnceScheduleInput"}
+    branch_names = {"cron": "CronScheduleInput", "once": "OnceScheduleInput", "interval": "IntervalScheduleInput"}
 
     def map_serializer(self, auto_schema, direction):
         schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
@@ -227,7 +230,7 @@ class ScheduleInputExtension(OpenApiSerializerExtension):
                 f"the kind rule: {KIND_RULE}"
             )
             return schema
-        branches = {kind: self._branch(auto_schema, schema, kind) for kind in ("cron", "once")}
+        branches = {kind: self._branch(auto_schema, schema, kind) for kind in KINDS}
         return {
             "oneOf": [branch.ref for branch in branches.values()],
             "discriminator": {
@@ -242,15 +245,32 @@ class ScheduleInputExtension(OpenApiSerializerExtension):
         branch.pop("description", None)
         properties = branch["properties"]
         properties["kind"] = {"type": "string", "const": kind}
+        # Another kind's time fields: absent or null (a blank expression counts as none).
+        properties["cron"] = {"type": ["string", "null"], "pattern": BLANK}
+        for field in ("run_at", "every_seconds", "anchor_at"):
+            properties[field] = {"type": "null"}
         if kind == "cron":
             properties["cron"] = {"$ref": "#/components/schemas/CronExpression"}
-            properties["run_at"] = {"type": "null"}
             time_field = "cron"
-        else:
+        elif kind == "once":
             properties["run_at"] = dict(INSTANT)
-            # A `once` schedule has no expression: absent, null or blank.
-            properties["cron"] = {"type": ["string", "null"], "pattern": BLANK}
             time_field = "run_at"
+        else:
+            low, high = EVERY_SECONDS_RANGE
+            properties["every_seconds"] = {
+                "type": "integer",
+                "minimum": low,
+                "maximum": high,
+                "description": "Seconds between fires, in elapsed time (1 second to 365 days).",
+            }
+            properties["anchor_at"] = {
+                "anyOf": [dict(INSTANT), {"type": "null"}],
+                "description": (
+                    "The rhythm's origin: fires at anchor_at + k x every_seconds (k >= 0) that come after the "
+                    "schedule is created. Default: the instant it is created, truncated to the second."
+                ),
+            }
+            time_field = "every_seconds"
         branch["required"] = [*self.required, "kind", time_field]
         component = ResolvedComponent(
             name=self.branch_names[kind], type=ResolvedComponent.SCHEMA, object=self.branch_names[kind], schema=branch
@@ -262,7 +282,7 @@ class ScheduleInputExtension(OpenApiSerializerExtension):
 class PreviewInputExtension(ScheduleInputExtension):
     target_class = "schedules.api.serializers.PreviewInputSerializer"
     required = ()
-    branch_names = {"cron": "CronPreviewInput", "once": "OncePreviewInput"}
+    branch_names = {"cron": "CronPreviewInput", "once": "OncePreviewInput", "interval": "IntervalPreviewInput"}
 
 
 # --- errors ------------------------------------------------------------------------------------------------

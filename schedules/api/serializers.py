@@ -14,10 +14,11 @@ from rest_framework import serializers
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 from dispatch.occurrences import earliest_pending_fire
 from schedules.clock import db_now
+from schedules.definitions import NUMERIC_RANGES
 from schedules.json_input import MAX_JSON_DEPTH, json_depth_exceeds
 from schedules.models import DEFINITION_FIELDS, Kind, Lane, MisfirePolicy, OverlapPolicy, Schedule, ScheduleState
-from schedules.services import MAX_PREVIEW_COUNT, NUMERIC_RANGES
-from schedules.timerules import local_time
+from schedules.services import MAX_PREVIEW_COUNT
+from schedules.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, local_time
 
 # The column that stores a create's Idempotency-Key; a longer key would fail in the database rather than as a 400.
 MAX_IDEMPOTENCY_KEY_LENGTH: int = Schedule._meta.get_field("idempotency_key").max_length or 0
@@ -29,10 +30,7 @@ _NOT_LOADED = object()
 READ_ONLY_HINTS = {
     "state": "Read-only: change it with POST .../pause/, .../resume/ or .../cancel/.",
 }
-# Instants accepted on input. Outside them zone conversion overflows datetime (year 1 or 9999 with an offset)
-# and a preview of up to 100 fires of a rare rule (29 February) would walk past year 9999.
-EARLIEST_INSTANT = datetime(1900, 1, 1, tzinfo=UTC)
-LATEST_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
+# Instants accepted on input: the time rules' range (schedules.timerules), kept here under these names for the schema.
 
 
 # Any: DRF's stubs type the messages as text or lazy text, and dict is invariant.
@@ -168,6 +166,10 @@ class ScheduleInputSerializer(serializers.Serializer):
     kind = _choice_field(Kind)
     cron = CronExpressionField(required=False, allow_null=True, allow_blank=True, max_length=200)
     run_at = AwareDateTimeField(required=False, allow_null=True)
+    every_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=EVERY_SECONDS_RANGE[0], max_value=EVERY_SECONDS_RANGE[1]
+    )
+    anchor_at = AwareDateTimeField(required=False, allow_null=True)
     timezone = TimezoneNameField(required=False, max_length=64)
     lane = _choice_field(Lane)
     flexible_window_seconds = _int_field("flexible_window_seconds")
@@ -242,6 +244,7 @@ class PreviewQuerySerializer(serializers.Serializer):
 
 class ScheduleSerializer(serializers.ModelSerializer):
     run_at = AwareDateTimeField(allow_null=True)
+    anchor_at = AwareDateTimeField(allow_null=True)
     next_run_at = serializers.SerializerMethodField()
     created_at = AwareDateTimeField()
     updated_at = AwareDateTimeField()

@@ -19,6 +19,8 @@ SCHEDULE_KEYS = {
     "kind",
     "cron",
     "run_at",
+    "every_seconds",
+    "anchor_at",
     "timezone",
     "lane",
     "flexible_window_seconds",
@@ -96,6 +98,7 @@ def test_create_answers_201_with_exactly_the_contract_keys_and_defaults(api_a, c
     assert body["kind"] == "cron"
     assert body["cron"] == "30 2 * * *"
     assert body["run_at"] is None
+    assert body["every_seconds"] is None and body["anchor_at"] is None, "another kind's fields are null"
     assert body["timezone"] == "America/New_York"
     assert body["state"] == "active"
     assert body["version"] == 1

@@ -123,10 +123,10 @@ def test_due_per_minute_expands_each_rule_once_and_scales_a_sample():
     now = datetime(2026, 12, 2, 4, 0, 30, tzinfo=UTC)
     until = now + timedelta(minutes=60)
     groups = [
-        ("cron", "*/15 * * * *", "UTC", now, 2),  # 04:15, 04:30, 04:45, 05:00 for two schedules
-        ("cron", "*/15 * * * *", "UTC", datetime(2026, 12, 2, 4, 45, tzinfo=UTC), 1),  # from its cursor: 2 fires
-        ("cron", "0 5 * * *", "UTC", datetime(2026, 12, 2, 5, 0, tzinfo=UTC), 4),
-        ("once", None, None, datetime(2026, 12, 2, 4, 10, tzinfo=UTC), 5),
+        ("cron", "*/15 * * * *", "UTC", None, now, 2),  # 04:15, 04:30, 04:45, 05:00 for two schedules
+        ("cron", "*/15 * * * *", "UTC", None, datetime(2026, 12, 2, 4, 45, tzinfo=UTC), 1),  # from its cursor: 2
+        ("cron", "0 5 * * *", "UTC", None, datetime(2026, 12, 2, 5, 0, tzinfo=UTC), 4),
+        ("once", None, None, None, datetime(2026, 12, 2, 4, 10, tzinfo=UTC), 5),
     ]
     at = {minute.strftime("%H:%M"): count for minute, count in dashboard.due_per_minute(now, until, [], groups)}
     assert at == {"04:10": 5, "04:15": 2, "04:30": 2, "04:45": 3, "05:00": 7}

@@ -113,8 +113,35 @@ def test_a_create_body_is_one_object_per_kind_with_its_required_fields(spec):
     assert "kind `once` needs `run_at`" in create["description"]
 
 
+def test_an_interval_body_needs_its_period_and_refuses_the_other_kinds_time_fields(spec):
+    create = component(spec, "ScheduleInput")
+    interval = component(spec, "IntervalScheduleInput")
+    properties = interval["properties"]
+
+    assert create["discriminator"]["mapping"]["interval"] == "#/components/schemas/IntervalScheduleInput"
+    assert set(interval["required"]) == {"name", "kind", "handler", "every_seconds"}
+    assert properties["every_seconds"]["type"] == "integer"
+    assert (properties["every_seconds"]["minimum"], properties["every_seconds"]["maximum"]) == (1, 31_536_000)
+    assert {"type": "null"} in properties["anchor_at"]["anyOf"]
+    assert properties["run_at"] == {"type": "null"}
+    for other in ("CronScheduleInput", "OnceScheduleInput"):
+        assert component(spec, other)["properties"]["every_seconds"] == {"type": "null"}
+        assert component(spec, other)["properties"]["anchor_at"] == {"type": "null"}
+    assert "kind `interval` needs `every_seconds`" in create["description"]
+    assert component(spec, "IntervalPreviewInput")["required"] == ["kind", "every_seconds"]
+    schedule = component(spec, "Schedule")["properties"]
+    assert schedule["every_seconds"]["type"] == ["integer", "null"] and "anchor_at" in schedule
+
+
 def test_input_bodies_refuse_unknown_fields(spec):
-    for name in ["CronScheduleInput", "OnceScheduleInput", "PatchedScheduleInput", "CronPreviewInput"]:
+    for name in [
+        "CronScheduleInput",
+        "OnceScheduleInput",
+        "IntervalScheduleInput",
+        "PatchedScheduleInput",
+        "CronPreviewInput",
+        "IntervalPreviewInput",
+    ]:
         assert component(spec, name)["additionalProperties"] is False, name
 
 

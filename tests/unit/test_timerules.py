@@ -544,7 +544,7 @@ def test_valid_zones_including_legacy_posix_style_names_load() -> None:
         (TimeRule(kind="once", run_at=datetime(2026, 1, 1)), "run_at", "UTC offset"),
         (TimeRule(kind="once", run_at="2026-01-01Z"), "run_at", "date and time"),  # type: ignore[arg-type]
         (TimeRule(kind="cron", cron="0 0 * * *", timezone="Mars/Base"), "timezone", "Unknown time zone"),
-        (TimeRule(kind="weekly"), "kind", "Use 'cron' or 'once'"),
+        (TimeRule(kind="weekly"), "kind", "Use 'cron', 'once' or 'interval'"),
     ],
 )
 def test_validate_names_the_field_at_fault(rule: TimeRule, field: str, fragment: str) -> None:

@@ -25,7 +25,8 @@ OPERATOR_USERNAME = "operator"
 
 
 def demo_schedules(now: Any) -> list[dict[str, Any]]:
-    """What a small team would really schedule: a heartbeat, reports in local time, a flexible sync, a one-off."""
+    """What a small team would really schedule: a heartbeat, reports in local time, a flexible sync, a fixed-rate
+    probe, a one-off."""
     return [
         {"name": "heartbeat", "kind": "cron", "cron": "* * * * *", "handler": "log", "timezone": "UTC"},
         {
@@ -71,6 +72,14 @@ def demo_schedules(now: Any) -> list[dict[str, Any]]:
             "handler": "webhook",
             "payload": {"url": "http://127.0.0.1:9/hooks/crm"},
             "max_attempts": 1,
+        },
+        {
+            # Every 90 s in elapsed time: London's clock changes never move it, they only relabel its local times.
+            "name": "queue-depth-probe",
+            "kind": "interval",
+            "every_seconds": 90,
+            "timezone": "Europe/London",
+            "handler": "noop",
         },
         {
             "name": "welcome-email",

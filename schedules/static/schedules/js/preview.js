@@ -3,6 +3,7 @@
  * Posts the form's time fields as JSON to the console's preview URL (the API's preview rules, see
  * schedules/admin/preview.py) a moment after each keystroke. Served from this app's static folder: the console
  * loads nothing from another host, so it works offline. Server text is inserted with textContent only.
+ * The interval fields (every_seconds, anchor_at) are shown only while the kind is "interval".
  */
 "use strict";
 
@@ -31,14 +32,35 @@
     }
     if (body.kind === "once") {
       delete body.cron;
-      const day = (field(form, "run_at_0") || "").trim();
-      const time = (field(form, "run_at_1") || "").trim() || "00:00";
-      // The form labels run_at as UTC.
-      body.run_at = day ? day + "T" + time + "Z" : null;
+      body.run_at = instant(form, "run_at");
+    } else if (body.kind === "interval") {
+      delete body.cron;
+      body.run_at = null;
+      const every = (field(form, "every_seconds") || "").trim();
+      // Not a whole number: sent as typed, so the answer is the API's own message for it.
+      body.every_seconds = every === "" ? null : /^-?\d+$/.test(every) ? parseInt(every, 10) : every;
+      body.anchor_at = instant(form, "anchor_at");
     } else {
       body.run_at = null;
     }
     return body;
+  }
+
+  // A split date and time input of the form as an instant; the form labels these fields UTC.
+  function instant(form, name) {
+    const day = (field(form, name + "_0") || "").trim();
+    const time = (field(form, name + "_1") || "").trim() || "00:00";
+    return day ? day + "T" + time + "Z" : null;
+  }
+
+  // The interval fields mean nothing to another kind (the form drops them on save): shown for "interval" only.
+  function showKindFields(form) {
+    const kind = field(form, "kind");
+    if (kind === null) return; // a read-only page (a canceled schedule) shows what is stored
+    const interval = kind === "interval";
+    for (const name of ["every_seconds", "anchor_at"]) {
+      for (const row of form.querySelectorAll(".field-" + name)) row.hidden = !interval;
+    }
   }
 
   function element(tag, text, className) {
@@ -139,6 +161,13 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
+    const form = document.getElementById("schedule_form");
+    if (form) {
+      showKindFields(form);
+      form.addEventListener("change", function () {
+        showKindFields(form);
+      });
+    }
     const panel = document.getElementById("live-preview");
     if (panel) start(panel);
   });

@@ -1,0 +1,176 @@
+"""What a schedule definition may say: the defaults, the ranges, each kind's time fields, and the one check of its
+rules (clean_definition), which the API, the console and the commands share; and the interval's default anchor."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+
+from dispatch.handlers import is_registered, registered_names
+from schedules.cron_syntax import TimeRuleError, normalize_cron
+from schedules.errors import ScheduleInvalid
+from schedules.json_input import storable_json
+from schedules.models import DEFINITION_FIELDS, Kind, Lane, MisfirePolicy, OverlapPolicy
+from schedules.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, TimeRule, parse_timezone
+
+# Ranges of the numeric definition fields: (minimum, maximum). Named so the API, admin and docs agree.
+NUMERIC_RANGES: dict[str, tuple[int, int]] = {
+    "priority": (-100, 100),
+    "flexible_window_seconds": (1, 3600),
+    "max_lateness_seconds": (0, 7 * 24 * 3600),
+    "catchup_limit": (0, 1000),
+    "max_attempts": (1, 100),
+}
+DEFAULTS: dict[str, Any] = {
+    "cron": None,
+    "run_at": None,
+    "every_seconds": None,
+    "anchor_at": None,
+    "timezone": "UTC",
+    "lane": Lane.STRICT,
+    "flexible_window_seconds": 300,
+    "priority": 0,
+    "payload": {},
+    "misfire_policy": MisfirePolicy.SKIP,
+    "max_lateness_seconds": 60,
+    "catchup_limit": 10,
+    "overlap_policy": OverlapPolicy.ALLOW,
+    "max_attempts": 5,
+}
+REQUIRED_FIELDS = ("name", "kind", "handler")
+# The fields that say when a schedule of each kind fires; another kind's are refused (a blank cron counts as none).
+TIME_FIELDS: dict[str, tuple[str, ...]] = {
+    Kind.CRON: ("cron",),
+    Kind.ONCE: ("run_at",),
+    Kind.INTERVAL: ("every_seconds", "anchor_at"),
+}
+
+
+def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
+    """Check a complete definition (defaults applied) and return it normalised; raise ScheduleInvalid.
+
+    The API's serializers check types; this checks the rules, so the admin and commands get the same answers.
+    """
+    errors: dict[str, list[str]] = {}
+    definition = {**DEFAULTS, **data}
+
+    for field in REQUIRED_FIELDS:
+        if definition.get(field) in (None, ""):
+            errors.setdefault(field, []).append("This field is required.")
+
+    kind = definition.get("kind")
+    if kind not in (None, "") and kind not in Kind.values:
+        errors.setdefault("kind", []).append(f"Must be one of: {', '.join(Kind.values)}.")
+
+    try:
+        parse_timezone(definition["timezone"])
+    except TimeRuleError as exc:
+        errors.setdefault("timezone", []).append(exc.message)
+
+    if kind in TIME_FIELDS:
+        for owner, fields in TIME_FIELDS.items():
+            for field in fields if owner != kind else ():
+                if definition.get(field) not in (None, ""):
+                    errors.setdefault(field, []).append(f"Only schedules of kind '{owner}' take {field}.")
+                definition[field] = None
+
+    if kind == Kind.CRON:
+        if not definition.get("cron"):
+            errors.setdefault("cron", []).append("Required for kind 'cron'.")
+        else:
+            try:
+                definition["cron"] = normalize_cron(definition["cron"])
+            except TimeRuleError as exc:
+                errors.setdefault("cron", []).append(exc.message)
+    elif kind == Kind.ONCE:
+        run_at = definition.get("run_at")
+        if run_at is None:
+            errors.setdefault("run_at", []).append("Required for kind 'once'.")
+        elif run_at.tzinfo is None:
+            errors.setdefault("run_at", []).append("Give an offset or 'Z' (ISO 8601), e.g. 2026-12-01T09:00:00Z.")
+    elif kind == Kind.INTERVAL:
+        every, (low, high) = definition.get("every_seconds"), EVERY_SECONDS_RANGE
+        if every is None:
+            errors.setdefault("every_seconds", []).append("Required for kind 'interval', e.g. 300 (5 minutes).")
+        elif not isinstance(every, int) or isinstance(every, bool) or not low <= every <= high:
+            errors.setdefault("every_seconds", []).append(f"Must be an integer from {low} to {high}.")
+        # No anchor_at is fine here: the caller anchors the schedule at its own "now" (anchored_at_now).
+        anchor_at = definition.get("anchor_at")
+        if anchor_at is not None and (not isinstance(anchor_at, datetime) or anchor_at.tzinfo is None):
+            errors.setdefault("anchor_at", []).append("Give an offset or 'Z' (ISO 8601), e.g. 2026-12-01T09:00:00Z.")
+
+    out_of_range = f"Must be from {EARLIEST_INSTANT.year} up to {LATEST_INSTANT.year} (UTC)."
+    for field in ("run_at", "anchor_at"):
+        # The API's serializers hold the same range; the console's date fields reach year 9999, where the zone's
+        # local time of a fire overflows.
+        instant = definition.get(field)
+        if not isinstance(instant, datetime) or instant.tzinfo is None or field in errors:
+            continue
+        if not EARLIEST_INSTANT <= instant < LATEST_INSTANT:
+            errors.setdefault(field, []).append(out_of_range)
+
+    handler = definition.get("handler")
+    if handler and not is_registered(handler):
+        errors.setdefault("handler", []).append(
+            f"Unknown handler {handler!r}. Registered: {', '.join(registered_names())}."
+        )
+
+    for field, choices in (
+        ("lane", Lane.values),
+        ("misfire_policy", MisfirePolicy.values),
+        ("overlap_policy", OverlapPolicy.values),
+    ):
+        if definition.get(field) not in choices:
+            errors.setdefault(field, []).append(f"Must be one of: {', '.join(choices)}.")
+
+    for field, (low, high) in NUMERIC_RANGES.items():
+        value = definition.get(field)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            errors.setdefault(field, []).append(f"Must be an integer from {low} to {high}.")
+
+    payload = definition.get("payload")
+    if not isinstance(payload, dict):
+        errors.setdefault("payload", []).append("Must be a JSON object.")
+    else:
+        # Real UTF-8 bytes, as stored and shipped: an accented letter is 2 bytes, not a 6-byte \u escape.
+        size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        if size > settings.SCHEDULER_MAX_PAYLOAD_BYTES:
+            errors.setdefault("payload", []).append(
+                f"Is {size} bytes encoded; the limit is {settings.SCHEDULER_MAX_PAYLOAD_BYTES} bytes."
+            )
+        elif not storable_json(payload):
+            errors.setdefault("payload", []).append(
+                "Contains U+0000 or an unpaired surrogate (U+D800-U+DFFF), which PostgreSQL cannot store."
+            )
+
+    name = definition.get("name")
+    if isinstance(name, str) and len(name) > 200:
+        errors.setdefault("name", []).append("At most 200 characters.")
+
+    if errors:
+        raise ScheduleInvalid(errors)
+    return {field: definition[field] for field in DEFINITION_FIELDS}
+
+
+def anchored_at_now(definition: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """An interval definition without anchor_at, anchored at `now` truncated to the second: the instant it
+    is created, or changed to an interval, or previewed. Its fires then fall on whole seconds. Other kinds as given.
+    """
+    if definition.get("kind") != Kind.INTERVAL or definition.get("anchor_at") is not None:
+        return definition
+    return {**definition, "anchor_at": now.astimezone(UTC).replace(microsecond=0)}
+
+
+def time_rule_of(definition: dict[str, Any]) -> TimeRule:
+    """The time rule of a cleaned definition (an interval's anchor already set)."""
+    return TimeRule(
+        kind=definition["kind"],
+        timezone=definition["timezone"],
+        cron=definition["cron"],
+        run_at=definition["run_at"],
+        every_seconds=definition["every_seconds"],
+        anchor_at=definition["anchor_at"],
+    )
