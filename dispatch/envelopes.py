@@ -1,5 +1,6 @@
 """The wire format of an envelope: the Celery protocol-2 message that carries up to SCHEDULER_ENVELOPE_SIZE
-occurrences of one tenant, queue, instant and priority (grouping is dispatch/outbox.py's).
+occurrences of one tenant, queue, instant and priority (grouping is dispatch/outbox.py's), or a bundle of such
+envelopes of several tenants sent as one message (`bundle_body`).
 
 Why: on two cores one Python process confirms about 3,500 persistent messages a second but 5,600 envelopes of
 100 occurrences, i.e. ~560,000 occurrences a second (ARCHITECTURE.md, "Measured"). An envelope is transport
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,6 +32,12 @@ BODY_VERSION = 2
 PAIRS_BODY_VERSION = 1
 
 
+# What follows the args of every body encode_body writes: the empty kwargs and the embed, then the list's end.
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+_BODY_HEAD = b"[["
+_BODY_TAIL = b"],{}," + json.dumps(_EMBED, separators=(",", ":")).encode() + b"]"
+
+
 def encode_body(tenant_id: int, queue: str, occurrences: Iterable[tuple[uuid.UUID, datetime]]) -> bytes:
     """The Celery protocol-2 body: [args, kwargs, embed]; the single argument is the envelope's content."""
     by_instant: dict[datetime, list[uuid.UUID]] = {}
@@ -41,8 +48,28 @@ def encode_body(tenant_id: int, queue: str, occurrences: Iterable[tuple[uuid.UUI
     for scheduled_for, ids in by_instant.items():
         fires.setdefault(utc_key(scheduled_for), []).extend(map(str, ids))
     content = {"v": BODY_VERSION, "tenant_id": tenant_id, "queue": queue, "fires": fires}
-    embed = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
-    return json.dumps([[content], {}, embed], separators=(",", ":")).encode()
+    return json.dumps([[content], {}, _EMBED], separators=(",", ":")).encode()
+
+
+def bundle_body(bodies: Sequence[bytes]) -> bytes:
+    """One message body carrying several stored envelopes: the task's arguments are their contents, one each.
+
+    The relay sends the small envelopes of many tenants that fall due at one instant on one queue as one message
+    (a steady day spread over a thousand tenants is ~1,000 envelopes of two or three fires a second, and a message
+    and a Celery task each is what the worker cannot afford; docs/DESIGN.md "Bundles"). Each envelope keeps its
+    row, its tenant's quotas and its stamp; only the transport is shared. A stored body is `[[content],{},embed]`
+    as encode_body wrote it: its content is cut out by bytes, without parsing; a body of another shape is parsed.
+    """
+    if len(bodies) == 1:
+        return bytes(bodies[0])
+    contents: list[bytes] = []
+    for body in bodies:
+        raw = bytes(body)
+        if raw.startswith(_BODY_HEAD) and raw.endswith(_BODY_TAIL):
+            contents.append(raw[len(_BODY_HEAD) : -len(_BODY_TAIL)])
+        else:
+            contents.extend(json.dumps(arg, separators=(",", ":")).encode() for arg in json.loads(raw)[0])
+    return _BODY_HEAD + b",".join(contents) + _BODY_TAIL
 
 
 def message_headers(task_id: str, count: int) -> dict[str, Any]:

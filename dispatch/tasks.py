@@ -76,22 +76,23 @@ def _check_task_message(headers: dict[str, Any], payload: Any) -> None:
     ignore_result=True,
     Strategy=f"{__name__}:guarded_strategy",
 )
-def run_envelope(self, envelope: Any = None, *unexpected_args: Any, **unexpected_kwargs: Any) -> dict[str, int]:
-    """Decode the envelope, run each occurrence (claim → handler → complete), return the outcome counts.
+def run_envelope(self, *envelopes: Any, **unexpected_kwargs: Any) -> dict[str, int]:
+    """Decode the envelope (or the bundle of small envelopes the relay sent as one message), run each occurrence
+    (claim → handler → complete), return the outcome counts.
 
-    Returns when every occurrence is finished, or at the end of the envelope's turn (dispatch/engine/envelope.py),
+    Returns when every occurrence is finished, or at the end of the message's turn (dispatch/engine/envelope.py),
     so the message is acknowledged after the work (acks_late): by then each occurrence in it is finished, running
     under a renewed lease (the reaper's if this process dies), or handed back with an envelope of its own.
     A message that is not an envelope is logged and dropped, never raised: raising would only fail it the same way
-    again. A database failure hands the whole envelope back to the broker; the redelivery re-offers only the
+    again. A database failure hands the whole message back to the broker; the redelivery re-offers only the
     occurrences that are not terminal yet.
     """
     try:
-        if unexpected_args or unexpected_kwargs:
+        if not envelopes or unexpected_kwargs:
             raise MalformedEnvelope(
-                f"expected one envelope argument, got {1 + len(unexpected_args)} and {len(unexpected_kwargs)} keyword"
+                f"expected envelope arguments, got {len(envelopes)} and {len(unexpected_kwargs)} keyword"
             )
-        pairs = decode_content(envelope)
+        parts = [(_tenant_of(envelope), decode_content(envelope)) for envelope in envelopes]
     except MalformedEnvelope as exc:
         counters.WORKER_DROPPED_MESSAGES.labels("malformed_envelope").inc()
         logger.error(
@@ -102,14 +103,14 @@ def run_envelope(self, envelope: Any = None, *unexpected_args: Any, **unexpected
         )
         return {}
     worker_name = f"{self.request.hostname or socket.gethostname()}/{os.getpid()}"
-    outcomes = envelope_runner(worker_name).run(pairs, worker_name, _tenant_of(envelope))
+    outcomes = envelope_runner(worker_name).run_parts(parts, worker_name)
     retry = outcomes.get("db_error", 0) + outcomes.get("not_run", 0)
     if retry:
         logger.error(
             "envelope %s: %d of %d occurrences not processed; handing it back to the broker",
             self.request.id,
             retry,
-            len(pairs),
+            sum(len(part) for _, part in parts),
             extra={"action": "envelope_requeue"},
         )
         time.sleep(REQUEUE_PAUSE_SECONDS)

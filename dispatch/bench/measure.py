@@ -177,8 +177,9 @@ class BurstMeasurements:
                             break
                         messages += 1
                         envelopes.add(message.headers.get("id"))
-                        args = json.loads(message.body)[0]
-                        occurrences.update(str(occurrence_id) for occurrence_id, _ in decode_content(args[0]))
+                        # A bundle carries several envelopes' contents, one argument each.
+                        for content in json.loads(message.body)[0]:
+                            occurrences.update(str(occurrence_id) for occurrence_id, _ in decode_content(content))
                 finally:
                     simple.close()
         return {

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -42,6 +42,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, co
 from dispatch.engine import worker
 from dispatch.engine.claim_rules import recheck_delay
 from dispatch.engine.claims import Claim, claim_many, count_started
+from dispatch.engine.envelope_work import DrainId, Entry, EnvelopeWork
 from dispatch.engine.faults import crash_point
 from dispatch.engine.hand_back import hand_back
 from dispatch.engine.leases import Ticket, lease_renewer
@@ -58,113 +59,10 @@ COMPLETE_BATCH_SECONDS = 0.05
 # How often an envelope's task looks at its turn: whether its occurrences can get a slot of their tenant's share
 # (other handlers, possibly an earlier envelope's, free them as they end), and whether it should go on without them.
 POLL_SECONDS = 0.05
-# An envelope none of whose occurrences could start for this long hands them back, to be offered again after a
-# recheck delay: its tenant's share (or the whole pool) is held by handlers that are not ending.
-STARVED_SECONDS = 0.5
-# Once everything has started, the task waits this long for a result before it leaves the last (slow) handlers to
-# complete themselves: fast handlers are done within it, so their completions stay batched.
-TAIL_SECONDS = 0.1
 # A result that is no outcome of the handler: the occurrence stays running under its lease (left to expire, then
 # retried by the reaper) and the envelope goes back to the broker.
 NOT_RUN = RunResult("not_run")
 FAILED_TO_RUN = RunResult("error")
-
-
-class _Entry:
-    """One occurrence of the envelope: a batched claim with its lease ticket, or a delivery left to try_claim."""
-
-    __slots__ = ("claim", "pair", "ticket")
-
-    def __init__(
-        self,
-        claim: Claim | None = None,
-        ticket: Ticket | None = None,
-        pair: tuple[uuid.UUID, datetime] | None = None,
-    ) -> None:
-        self.claim = claim
-        self.ticket = ticket
-        self.pair = pair
-
-
-class _Work:
-    """One envelope's occurrences on the pool: not started (`todo`), running, finished but not completed."""
-
-    def __init__(self, tenant: int | None, entries: list[_Entry], prechecked_at: float) -> None:
-        self.tenant = tenant
-        self.todo = deque(entries)
-        self.running = 0
-        self.claiming = 0  # one-by-one deliveries whose claim is not decided yet
-        self.results: list[tuple[Claim, RunResult, Ticket | None]] = []
-        self.first_result_at: float | None = None
-        self.alone_outcomes: Counter[str] = Counter()
-        self.prechecked_at = prechecked_at
-        self.progress_at = prechecked_at  # when a handler of the envelope last started or finished
-        self.holding = 0  # pool tasks holding a slot of the tenant's share for this envelope
-        self.detached = False  # the task went on: what still runs completes itself
-        self.drains: dict[tuple[str, int], bool] = {}  # pool tasks serving this envelope -> started yet
-        self.cond = threading.Condition()
-
-    def take(self) -> _Entry | None:
-        with self.cond:
-            if not self.todo:
-                return None
-            entry = self.todo.popleft()
-            self.running += 1
-            self.progress_at = time.monotonic()
-            if entry.claim is None:
-                self.claiming += 1
-            return entry
-
-    def claim_decided(self) -> None:
-        with self.cond:
-            self.claiming -= 1
-            self.cond.notify_all()
-
-    def put(self, claim: Claim, result: RunResult, ticket: Ticket | None) -> bool:
-        """Report a batched claim's result; False once the task went on without it (the caller completes it)."""
-        with self.cond:
-            self.running -= 1
-            if self.detached:
-                return False
-            self.progress_at = time.monotonic()
-            if self.first_result_at is None:
-                self.first_result_at = self.progress_at
-            self.results.append((claim, result, ticket))
-            self.cond.notify_all()
-            return True
-
-    def alone_done(self, outcome: str) -> None:
-        with self.cond:
-            self.running -= 1
-            self.progress_at = time.monotonic()
-            if not self.detached:
-                self.alone_outcomes[outcome] += 1
-            self.cond.notify_all()
-
-    def drain_started(self, task_id: tuple[str, int], holding: bool) -> None:
-        with self.cond:
-            self.drains[task_id] = True
-            self.holding += holding
-
-    def drain_ended(self, task_id: tuple[str, int], holding: bool = False) -> None:
-        with self.cond:
-            self.drains.pop(task_id, None)
-            self.holding -= holding
-            self.cond.notify_all()
-
-    def finished(self) -> bool:
-        """Nothing left to start, run or complete (the caller holds `cond`)."""
-        return not self.todo and not self.running and not self.results
-
-    def starved(self, now: float) -> bool:
-        """Occurrences wait, no pool task holds a slot for them, and none of them started for a while (the caller
-        holds `cond`)."""
-        return bool(self.todo) and not self.holding and now - self.progress_at >= STARVED_SECONDS
-
-    def only_slow_left(self, now: float) -> bool:
-        """Everything has started and the handlers still running have given no result for a while (the caller
-        holds `cond`)."""
-        return not self.todo and not self.results and now - self.progress_at >= TAIL_SECONDS
 
 
 class EnvelopeRunner:
@@ -184,11 +82,21 @@ class EnvelopeRunner:
     def run(
         self, pairs: list[tuple[uuid.UUID, datetime]], worker_name: str, tenant_id: int | None = None
     ) -> Counter[str]:
-        """Run an envelope's occurrences for at most one turn; returns the outcome counts (db_error and not_run:
+        """Run one envelope's occurrences for at most one turn; returns the outcome counts (db_error and not_run:
         hand the message back to the broker). `tenant_id` is the envelope's, as its body says."""
+        return self.run_parts([(tenant_id, pairs)], worker_name)
+
+    def run_parts(
+        self, parts: list[tuple[int | None, list[tuple[uuid.UUID, datetime]]]], worker_name: str
+    ) -> Counter[str]:
+        """Run a message's occurrences for at most one turn: one envelope, or a bundle of several tenants' small
+        envelopes (each part: its tenant as the body says, its occurrences), claimed in one transaction and
+        completed in shared batches, each tenant within its own share of the pool."""
         outcomes: Counter[str] = Counter()
         token = uuid.uuid4().hex  # pool task ids unique per delivery: a duplicate envelope must not replace ours
         turn = settings.SCHEDULER_ENVELOPE_SLICE_SECONDS
+        pairs = [pair for _, part in parts for pair in part]
+        tenant_of_pair = {pair: tenant for tenant, part in parts for pair in part}
         try:
             batch = claim_many(pairs, worker_name, blocked=lambda tenant: self.share.blocked(tenant, turn))
         except DatabaseError:
@@ -201,16 +109,20 @@ class EnvelopeRunner:
         if batch.claims:
             crash_point("worker.after_claim")
         if batch.claims or batch.alone:
-            tenant = batch.tenant_id if batch.tenant_id is not None else tenant_id
-            outcomes.update(self._run(token, tenant, batch.claims, batch.alone, worker_name, turn))
+            if len(parts) == 1:
+                # One envelope: its tenant as its rows say when the claim could read one, else as its body says.
+                tenant = batch.tenant_id if batch.tenant_id is not None else parts[0][0]
+                alone = [(tenant, pair) for pair in batch.alone]
+            else:
+                alone = [(tenant_of_pair.get(pair), pair) for pair in batch.alone]
+            outcomes.update(self._run(token, batch.claims, alone, worker_name, turn))
         return outcomes
 
     def _run(
         self,
         token: str,
-        tenant: int | None,
         claims: list[Claim],
-        alone: list[tuple[uuid.UUID, datetime]],
+        alone: list[tuple[int | None, tuple[uuid.UUID, datetime]]],
         worker_name: str,
         turn: float,
     ) -> Counter[str]:
@@ -227,15 +139,17 @@ class EnvelopeRunner:
         tickets = lease_renewer().register_many(
             [(claim, threading.Event()) for claim in runnable], worker.handler_deadline()
         )
-        entries = [_Entry(claim, ticket) for claim, ticket in zip(runnable, tickets, strict=True)]
-        work = _Work(tenant, entries + [_Entry(pair=pair) for pair in alone], prechecked_at=time.monotonic())
+        entries = [(claim.tenant_id, Entry(claim, ticket)) for claim, ticket in zip(runnable, tickets, strict=True)]
+        work = EnvelopeWork(
+            entries + [(tenant, Entry(pair=pair)) for tenant, pair in alone], prechecked_at=time.monotonic()
+        )
         for claim in claims:
             if claim.occurrence_id in verdicts:
                 count_started(claim)
                 work.results.append((claim, verdicts[claim.occurrence_id], None))
                 work.first_result_at = work.first_result_at or time.monotonic()
         turn_ends = time.monotonic() + turn
-        waiting = self.share.blocked(tenant, turn)  # why the tenant's work cannot start here soon, if it cannot
+        waiting = self._blocked(work.tenants, turn)  # why none of the work can start here soon, if it cannot
         while not waiting:
             if not self._add_drains(work, token, worker_name):
                 break  # the pool is closing: what has not started goes back now
@@ -248,7 +162,7 @@ class EnvelopeRunner:
                     outcomes.update(work.alone_outcomes)
                     return outcomes
                 if work.starved(now):
-                    waiting = self.share.busy(tenant)
+                    waiting = self.share.busy(work.tenants[0])
                     break
                 if work.only_slow_left(now):
                     break
@@ -257,27 +171,36 @@ class EnvelopeRunner:
         outcomes.update(self._end_turn(work, turn, waiting))
         return outcomes
 
+    def _blocked(self, tenants: list[int | None], turn: float) -> str | None:
+        """Why none of these tenants' handlers can start here soon (each one's share, or the whole pool, is held by
+        slow handlers), or None when one of them can."""
+        reasons = [self.share.blocked(tenant, turn) for tenant in tenants]
+        return reasons[0] if reasons and all(reasons) else None
+
     # --- the pool ------------------------------------------------------------------------------------------------
 
-    def _add_drains(self, work: _Work, token: str, worker_name: str) -> bool:
-        """Start as many pool tasks on the envelope as its tenant has free slots for; False if the pool is closed."""
+    def _add_drains(self, work: EnvelopeWork, token: str, worker_name: str) -> bool:
+        """Start as many pool tasks on the message as each of its tenants has free slots for; False if the pool is
+        closed."""
         with work.cond:
-            if not work.todo:
-                return True
-            waiting = sum(1 for started in work.drains.values() if not started)
-            wanted = min(len(work.todo), self.share.free(work.tenant)) - waiting
-        for _ in range(wanted):
-            task_id = (token, next(self._drain_ids))
-            with work.cond:
-                work.drains[task_id] = False
-            try:
-                self.timer.schedule(task_id, time.monotonic(), 0, partial(self._drain, work, task_id, worker_name))
-            except TimerClosed:
-                work.drain_ended(task_id)
-                return False
+            wanted = {
+                tenant: min(work.todo_count(tenant), self.share.free(tenant)) - work.waiting_drains(tenant)
+                for tenant in work.tenants
+            }
+        for tenant, count in wanted.items():
+            for _ in range(count):
+                task_id = (token, next(self._drain_ids))
+                work.drain_scheduled(task_id, tenant)
+                try:
+                    self.timer.schedule(
+                        task_id, time.monotonic(), 0, partial(self._drain, work, task_id, tenant, worker_name)
+                    )
+                except TimerClosed:
+                    work.drain_ended(task_id)
+                    return False
         return True
 
-    def _next_results(self, work: _Work, turn_ends: float) -> list[tuple[Claim, RunResult, Ticket | None]]:
+    def _next_results(self, work: EnvelopeWork, turn_ends: float) -> list[tuple[Claim, RunResult, Ticket | None]]:
         """The results to complete together: everything finished within COMPLETE_BATCH_SECONDS of the first one (or
         at once when nothing else runs). Empty when none came within POLL_SECONDS, so the caller can look at its
         turn (start pool tasks for slots freed meanwhile, go on without slow handlers)."""
@@ -299,17 +222,24 @@ class EnvelopeRunner:
                 if not work.results:
                     return []
 
-    def _drain(self, work: _Work, task_id: tuple[str, int], worker_name: str, _pool_cancel: threading.Event) -> None:
-        """A pool thread's share of the envelope: while it holds one of the tenant's slots, the next occurrence
-        until none is left."""
-        slot = self.share.acquire(work.tenant)
+    def _drain(
+        self,
+        work: EnvelopeWork,
+        task_id: DrainId,
+        tenant: int | None,
+        worker_name: str,
+        _pool_cancel: threading.Event,
+    ) -> None:
+        """A pool thread's share of the message: while it holds one of `tenant`'s slots, that tenant's next
+        occurrence until none is left."""
+        slot = self.share.acquire(tenant)
         work.drain_started(task_id, holding=slot is not None)
         try:
             if slot is None:
-                return  # the tenant's share is full: the envelope's loop starts another task when a slot frees
+                return  # the tenant's share is full: the message's loop starts another task when a slot frees
             close_old_connections()
             self._remember_connection()
-            while (entry := work.take()) is not None:
+            while (entry := work.take(tenant)) is not None:
                 slot.begin(time.monotonic())
                 try:
                     if entry.claim is not None:
@@ -324,7 +254,7 @@ class EnvelopeRunner:
                 self.share.release(slot)
             work.drain_ended(task_id, holding=slot is not None)
 
-    def _run_claim(self, work: _Work, claim: Claim, ticket: Ticket | None) -> None:
+    def _run_claim(self, work: EnvelopeWork, claim: Claim, ticket: Ticket | None) -> None:
         assert ticket is not None
         count_started(claim)
         try:
@@ -352,7 +282,9 @@ class EnvelopeRunner:
             # The envelope's turn ended while this handler ran: its result is completed here, on its own.
             self._complete([(claim, result, ticket)])
 
-    def _run_alone(self, work: _Work, occurrence_id: uuid.UUID, scheduled_for: datetime, worker_name: str) -> str:
+    def _run_alone(
+        self, work: EnvelopeWork, occurrence_id: uuid.UUID, scheduled_for: datetime, worker_name: str
+    ) -> str:
         try:
             return worker.process_occurrence(occurrence_id, scheduled_for, worker_name, on_claimed=work.claim_decided)
         except DatabaseError:
@@ -397,7 +329,7 @@ class EnvelopeRunner:
 
     # --- the end of a turn ---------------------------------------------------------------------------------------
 
-    def _end_turn(self, work: _Work, turn: float, waiting: str | None) -> Counter[str]:
+    def _end_turn(self, work: EnvelopeWork, turn: float, waiting: str | None) -> Counter[str]:
         """Hand back what has not started, leave what runs to finish on the pool, and let the task return.
 
         One-by-one deliveries still deciding their claim are waited for (a claim that failed would have nobody
@@ -409,12 +341,12 @@ class EnvelopeRunner:
         with work.cond:
             while work.claiming:
                 work.cond.wait(0.25)
-            unstarted, work.todo = list(work.todo), deque()
+            unstarted = work.take_unstarted()
             results, work.results = work.results, []
             work.detached = True
             running = work.running
             outcomes.update(work.alone_outcomes)
-            pending = [task_id for task_id, started in work.drains.items() if not started]
+            pending = work.pending_drains()
         for task_id in pending:
             self.timer.cancel(task_id)
         if results:

@@ -24,7 +24,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from aiormq.exceptions import DeliveryError
 
-from dispatch.envelopes import message_headers, task_id_for
+from dispatch.envelopes import bundle_body, message_headers, task_id_for
 
 if TYPE_CHECKING:
     from dispatch.engine.relay_claims import StagedEnvelope
@@ -103,32 +103,52 @@ class QueueRefusals:
         return {queue: refusals.publishes for queue, refusals in self._open.items()}
 
 
-async def publish(channel: AbstractChannel, envelope: StagedEnvelope) -> float:
-    """Publish one envelope; resolves when the broker confirmed it, returning that monotonic instant."""
-    task_id = task_id_for(envelope.id)
+def bundles(envelopes: list[StagedEnvelope], most_fires: int) -> list[list[StagedEnvelope]]:
+    """Cut envelopes due at one instant (in release order) into messages: consecutive envelopes of one queue share a
+    message while their fires fit in `most_fires`; an envelope that fills it alone goes alone. Release order is kept:
+    strict before flexible, tenants interleaved as the fair-queueing tags put them."""
+    cut: list[list[StagedEnvelope]] = []
+    fires = 0
+    for envelope in envelopes:
+        current = cut[-1] if cut else None
+        if current is not None and current[0].queue == envelope.queue and fires + envelope.fires <= most_fires:
+            current.append(envelope)
+            fires += envelope.fires
+        else:
+            cut.append([envelope])
+            fires = envelope.fires
+    return cut
+
+
+async def publish(channel: AbstractChannel, bundle: list[StagedEnvelope]) -> float:
+    """Publish one message carrying the bundle's envelopes (usually one); resolves when the broker confirmed it,
+    returning that monotonic instant."""
+    first = bundle[0]
+    task_id = task_id_for(first.id) if len(bundle) == 1 else f"{task_id_for(first.id)}+{len(bundle) - 1}"
     message = aio_pika.Message(
-        bytes(envelope.body),
-        headers=message_headers(task_id, envelope.fires),
+        bundle_body([envelope.body for envelope in bundle]),
+        headers=message_headers(task_id, sum(envelope.fires for envelope in bundle)),
         content_type="application/json",
         content_encoding="utf-8",
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         correlation_id=task_id,
     )
     # mandatory: an unroutable message comes back as an error instead of vanishing, so it is retried.
-    await channel.default_exchange.publish(message, routing_key=envelope.queue, mandatory=True)
+    await channel.default_exchange.publish(message, routing_key=first.queue, mandatory=True)
     return time.monotonic()
 
 
 async def publish_group(
     channel: AbstractChannel,
     broker: AbstractRobustConnection | None,
-    envelopes: list[StagedEnvelope],
+    messages: list[list[StagedEnvelope]],
     *,
     timeout: float,
 ) -> list[float | BaseException]:
-    """Publish envelopes concurrently; each result is its confirmation's monotonic instant or its error. A publish
-    not confirmed within `timeout`, or still in flight when RabbitMQ blocks the connection, fails."""
-    tasks = [asyncio.ensure_future(publish(channel, envelope)) for envelope in envelopes]
+    """Publish messages (bundles of envelopes) concurrently; each result is its confirmation's monotonic instant or
+    its error. A publish not confirmed within `timeout`, or still in flight when RabbitMQ blocks the connection,
+    fails."""
+    tasks = [asyncio.ensure_future(publish(channel, bundle)) for bundle in messages]
     deadline = time.monotonic() + timeout
     pending: set[asyncio.Future[float]] = set(tasks)
     failure: BaseException | None = None

@@ -37,6 +37,7 @@ from dispatch.engine.publishing import (
     PublishFailed,
     QueueRefusals,
     broker_blocked,
+    bundles,
     publish_group,
     refused_by_broker,
 )
@@ -98,6 +99,8 @@ class Relay:
         self.stage_seconds = settings.SCHEDULER_RELAY_STAGE_SECONDS
         self.flexible_min_share = settings.SCHEDULER_FLEXIBLE_MIN_SHARE
         self.publish_timeout = settings.SCHEDULER_RELAY_PUBLISH_TIMEOUT_SECONDS
+        # The most fires one message carries when small envelopes due together share it (an envelope's own size).
+        self.bundle_fires = settings.SCHEDULER_ENVELOPE_SIZE
         self.lease_seconds = settings.SCHEDULER_RELAY_LEASE_SECONDS
         # The lease owner: this relay's connection's application_name as PostgreSQL keeps it (cut to 63 bytes), so
         # other relays can tell from pg_stat_activity whether the owner is still connected. Read at connect.
@@ -329,15 +332,15 @@ class Relay:
                     (claim for claim in due if timer.state(claim.task_id) == "running"),
                     key=lambda claim: staged[_envelope_id(claim)].release_key,
                 )
-                results = await publish_group(
-                    self.channel,
-                    self._broker,
-                    [staged[_envelope_id(claim)] for claim in live],
-                    timeout=self.publish_timeout,
-                )
-                for claim, result in zip(live, results, strict=True):
-                    timer.complete(claim, ok=not isinstance(result, BaseException))
+                messages = bundles([staged[_envelope_id(claim)] for claim in live], self.bundle_fires)
+                results = await publish_group(self.channel, self._broker, messages, timeout=self.publish_timeout)
+                by_envelope = {
+                    envelope.id: result for bundle, result in zip(messages, results, strict=True) for envelope in bundle
+                }
+                for claim in live:
                     envelope = staged[_envelope_id(claim)]
+                    result = by_envelope[envelope.id]
+                    timer.complete(claim, ok=not isinstance(result, BaseException))
                     if isinstance(result, BaseException):
                         self.stats.failed_publishes += 1
                         if refused_by_broker(result):

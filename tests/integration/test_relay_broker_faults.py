@@ -72,8 +72,8 @@ def drain(node: RabbitNode, queue: str) -> list[str]:
                     message = simple.get(block=True, timeout=1)
                 except simple.Empty:
                     break
-                content = json.loads(message.body)[0][0]
-                found.extend(str(occurrence_id) for occurrence_id, _ in decode_content(content))
+                for content in json.loads(message.body)[0]:  # a bundle: one argument per envelope
+                    found.extend(str(occurrence_id) for occurrence_id, _ in decode_content(content))
         finally:
             simple.close()
     return found

@@ -55,8 +55,9 @@ def drain_queue(queue: str) -> list[dict]:
                     message = simple.get(block=True, timeout=1)
                 except simple.Empty:
                     break
-                content = json.loads(message.body)[0][0]
-                occurrence_ids = [str(occurrence_id) for occurrence_id, _ in decode_content(content)]
+                # A bundle carries several envelopes' contents, one argument each.
+                contents = json.loads(message.body)[0]
+                occurrence_ids = [str(o) for content in contents for o, _ in decode_content(content)]
                 found.append({"id": message.headers["id"], "occurrences": occurrence_ids})
         finally:
             simple.close()
@@ -126,9 +127,10 @@ def test_relay_killed_mid_batch_loses_nothing_and_duplicates_only_under_the_same
     delivered = [oid for m in messages for oid in m["occurrences"]]
     assert set(delivered) == expected, "every occurrence reached the broker"
     duplicates = len(delivered) - len(set(delivered))
-    # Duplicates are allowed (at least once) but only as the same occurrence in the same envelope.
-    assert len({m["id"] for m in messages}) == len(expected)
-    assert duplicates == len(messages) - len({m["id"] for m in messages})
+    # Duplicates are allowed (at least once), always under the same occurrence ids, and only of what the killed relay
+    # had published but not stamped: at most its last batch (50 envelopes of one fire). The restarted relay may
+    # bundle them differently, so messages are not compared one to one.
+    assert duplicates <= 50
 
 
 def test_relay_stamps_confirmation_times_and_settles_occurrences_to_enqueued(tenant_a, seed_envelopes):
@@ -148,3 +150,27 @@ def test_relay_stamps_confirmation_times_and_settles_occurrences_to_enqueued(ten
         assert occurrence.enqueued_at >= occurrence.available_at, "never on the queue before its time"
     assert not OutboxMessage.objects.exists(), "settled envelopes are removed"
     assert {oid for m in drain_queue(STRICT_QUEUE) for oid in m["occurrences"]} == expected
+
+
+def test_small_envelopes_of_several_tenants_due_together_leave_as_shared_messages_each_stamped(
+    tenant_a, tenant_b, seed_envelopes
+):
+    """A steady day spread over many tenants is mostly envelopes of a fire or two: sent one message each, the broker
+    and the workers pay a message and a task per fire. Due together on one queue, they share messages of up to an
+    envelope's fires, and every envelope is still stamped by the message's confirmation."""
+    drain_queue(STRICT_QUEUE)
+    expected = seed_envelopes(tenant_a.tenant, 120) | seed_envelopes(tenant_b.tenant, 120)
+    relay = relay_process(batch=1000)
+    try:
+        wait_for(lambda: not OutboxMessage.objects.filter(published_at__isnull=True).exists(), 30, "all published")
+        wait_for(lambda: Occurrence.objects.filter(state="enqueued").count() == len(expected), 30, "all settled")
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        relay.wait(timeout=20)
+
+    messages = drain_queue(STRICT_QUEUE)
+    delivered = [oid for m in messages for oid in m["occurrences"]]
+    assert sorted(delivered) == sorted(expected), "each occurrence on the queue exactly once"
+    assert len(messages) <= 4, f"240 one-fire envelopes in {len(messages)} messages"
+    assert all(len(m["occurrences"]) <= 250 for m in messages), "no message carries more than an envelope's fires"
+    assert len({str(o.enqueued_at) for o in Occurrence.objects.all()}) <= len(messages)

@@ -164,3 +164,26 @@ def test_a_tenant_whose_share_is_held_by_slow_handlers_is_parked_at_claim_while_
     assert envelope.available_at > db_now(), "offered again after a recheck delay, not at once"
     assert effects() == {o.occurrence_id: 1 for o in other}
     wait_for(lambda: states(hanging) == {OccurrenceState.SUCCEEDED}, 15, "the slow handlers to end")
+
+
+def test_a_bundle_of_two_tenants_runs_each_within_its_own_share_and_a_hanging_one_holds_back_only_itself(
+    tenant_a, tenant_b, fires, runner, settings
+):
+    """The relay sends small envelopes due together as one message: each tenant's part waits in a queue of its own,
+    so tenant A's hanging handlers take A's share and nothing of B's, and B's part is claimed and completed with
+    A's in the same batches."""
+    settings.SCHEDULER_ENVELOPE_SLICE_SECONDS = 1.0
+    hanging = fires(tenant_a.tenant, 6, handler="sleep", payload={"seconds": 3})
+    quick = fires(tenant_b.tenant, 5, handler="effect")
+    parts = [
+        (tenant_a.tenant.id, [(o.occurrence_id, o.scheduled_for) for o in hanging]),
+        (tenant_b.tenant.id, [(o.occurrence_id, o.scheduled_for) for o in quick]),
+    ]
+
+    outcomes = dict(runner.run_parts(parts, WORKER))
+
+    assert outcomes == {OccurrenceState.SUCCEEDED: 5, "detached": 4, "handed_back": 2}, outcomes
+    assert effects() == {o.occurrence_id: 1 for o in quick}, "tenant B ran once each, beside A's hanging handlers"
+    assert sorted(o.state for o in rows(hanging)) == [OccurrenceState.RETRY_WAIT] * 2 + [OccurrenceState.RUNNING] * 4
+    wait_for(lambda: OccurrenceState.RUNNING not in states(hanging), 15, "the slow handlers to end")
+    assert running_count(tenant_a.tenant) == running_count(tenant_b.tenant) == 0

@@ -10,7 +10,16 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from dispatch.envelopes import BODY_VERSION, PAIRS_BODY_VERSION, MalformedEnvelope, decode_content, encode_body
+from dispatch.engine.publishing import bundles
+from dispatch.engine.relay_claims import StagedEnvelope
+from dispatch.envelopes import (
+    BODY_VERSION,
+    PAIRS_BODY_VERSION,
+    MalformedEnvelope,
+    bundle_body,
+    decode_content,
+    encode_body,
+)
 from dispatch.outbox import Fire, pack
 from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE
 
@@ -199,3 +208,39 @@ def test_a_first_version_entry_with_a_bad_timestamp_is_malformed(scheduled_for):
 def test_a_first_version_entry_that_is_not_an_id_and_instant_pair_is_malformed(entry):
     with pytest.raises(MalformedEnvelope, match="bad occurrence entry"):
         decode_content(with_occurrences([entry]))
+
+
+# --- bundles (several envelopes as one message) ---------------------------------------------------------------
+
+
+def test_a_bundle_carries_each_envelopes_content_as_one_argument_and_decodes_to_every_occurrence():
+    first, second = pairs_at(T0), pairs_at(T0, T0)
+    body = bundle_body([encode_body(1, STRICT_QUEUE, first), encode_body(2, STRICT_QUEUE, second)])
+    args, kwargs, embed = json.loads(body)
+    assert [content["tenant_id"] for content in args] == [1, 2]
+    assert [pair for content in args for pair in decode_content(content)] == first + second
+    assert [kwargs, embed] == json.loads(encode_body(1, STRICT_QUEUE, first))[1:]
+
+
+def test_a_bundle_of_one_is_the_stored_body_untouched():
+    body = encode_body(1, STRICT_QUEUE, pairs_at(T0))
+    assert bundle_body([body]) == body
+
+
+def test_a_body_of_another_shape_is_parsed_into_the_bundle_not_cut_by_bytes():
+    spaced = json.dumps([[with_fires({AN_INSTANT: [AN_ID]})], {}, {"chord": None}]).encode()  # not encode_body's
+    args = json.loads(bundle_body([spaced, encode_body(2, STRICT_QUEUE, pairs_at(T0))]))[0]
+    assert [content["tenant_id"] for content in args] == [7, 2]
+
+
+def staged(envelope_id: int, queue: str, fires: int) -> StagedEnvelope:
+    return StagedEnvelope(envelope_id, queue, 0, b"", fires, T0, envelope_id, (0, 0.0))
+
+
+def test_envelopes_due_together_share_messages_of_one_queue_up_to_the_fires_of_an_envelope_in_release_order():
+    due = [staged(1, STRICT_QUEUE, 2), staged(2, STRICT_QUEUE, 3), staged(3, STRICT_QUEUE, 250)]
+    due += [staged(4, STRICT_QUEUE, 1), staged(5, FLEXIBLE_QUEUE, 1), staged(6, FLEXIBLE_QUEUE, 1)]
+    cut = bundles(due, most_fires=250)
+    assert [[e.id for e in bundle] for bundle in cut] == [[1, 2], [3], [4], [5, 6]]
+    assert all(len({e.queue for e in bundle}) == 1 for bundle in cut)
+    assert bundles(due, most_fires=1)[0] == [due[0]], "an envelope bigger than the bound still goes, alone"
