@@ -281,11 +281,17 @@ def _within_running_quota(cursor, claimed: list[_Claimed], result: EnvelopeClaim
         if entry[1].state != OccurrenceState.RUNNING:
             by_tenant.setdefault(entry[1].tenant_id, []).append(entry)
     excess: list[_Claimed] = []
-    for tenant_id in sorted(by_tenant):  # tenants' counter rows in tenant_id order (dispatch/sql/quotas.py)
+    tenants = sorted(by_tenant)  # tenants' counter rows in tenant_id order (dispatch/sql/quotas.py)
+    grants: dict[int, int] = {}
+    if tenants:
+        cursor.execute(
+            quota_sql.TAKE_RUNNING_SLOTS_MANY,
+            {"tenant_ids": tenants, "wanted": [len(by_tenant[tenant_id]) for tenant_id in tenants]},
+        )
+        grants = dict(cursor.fetchall())
+    for tenant_id in tenants:
         wanting = by_tenant[tenant_id]
-        cursor.execute(quota_sql.TAKE_RUNNING_SLOTS, {"tenant_id": tenant_id, "wanted": len(wanting)})
-        row = cursor.fetchone()
-        granted = row[0] if row else 0
+        granted = grants.get(tenant_id, 0)
         kept += wanting[:granted]
         excess += wanting[granted:]
     if excess:

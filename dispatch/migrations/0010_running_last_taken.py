@@ -1,5 +1,5 @@
 """dispatch_tenant_running.last_taken: how many running slots the last batched claim was granted (RETURNING shows
-only new values, so the grant is stored by the same statement and read back; see TAKE_RUNNING_SLOTS)."""
+only new values, so the grant is stored by the same statement and read back; see TAKE_RUNNING_SLOTS_MANY)."""
 
 from django.db import migrations
 

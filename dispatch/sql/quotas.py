@@ -156,26 +156,30 @@ WHERE r.running < COALESCE((SELECT NULLIF(t.max_running, 0) FROM tenants_tenant 
 RETURNING r.running
 """
 
-# TAKE_RUNNING_SLOT for up to `wanted` occurrences of one tenant at once (an envelope's claims): as many as the
-# quota has room for. RETURNING shows only new values, so the number granted is stored in last_taken by the same
-# SET and read back from there (as RESERVE_FIRES does with last_granted).
+# TAKE_RUNNING_SLOT for up to `wanted` occurrences of each tenant of a message at once (an envelope's claims, or a
+# bundle's, dispatch/engine/claims.py `_within_running_quota`): as many as each quota has room for, in one
+# statement, the rows taken in tenant_id order (the ORDER BY of the insert's source). RETURNING shows only new
+# values, so the number granted is stored in last_taken by the same SET and read back from there (as RESERVE_FIRES
+# does with last_granted); EXCLUDED.running is LEAST(wanted, cap), so the update takes LEAST(wanted, cap - running).
 _RUNNING_CAP = (
     "(SELECT COALESCE(NULLIF(t.max_running, 0), 2147483647) FROM tenants_tenant AS t WHERE t.id = r.tenant_id)"
 )
-TAKE_RUNNING_SLOTS = (
+TAKE_RUNNING_SLOTS_MANY = (
     """
 INSERT INTO dispatch_tenant_running AS r (tenant_id, running, last_taken)
-SELECT t.id, LEAST(%(wanted)s, c.cap), LEAST(%(wanted)s, c.cap)
-FROM tenants_tenant AS t CROSS JOIN LATERAL (SELECT COALESCE(NULLIF(t.max_running, 0), 2147483647) AS cap) AS c
-WHERE t.id = %(tenant_id)s
+SELECT t.id, LEAST(w.wanted, c.cap), LEAST(w.wanted, c.cap)
+FROM unnest(%(tenant_ids)s::bigint[], %(wanted)s::int[]) AS w(tenant_id, wanted)
+JOIN tenants_tenant AS t ON t.id = w.tenant_id
+CROSS JOIN LATERAL (SELECT COALESCE(NULLIF(t.max_running, 0), 2147483647) AS cap) AS c
+ORDER BY t.id
 ON CONFLICT (tenant_id) DO UPDATE SET
-    running = r.running + LEAST(%(wanted)s, GREATEST(0, """
+    running = r.running + LEAST(EXCLUDED.running, GREATEST(0, """
     + _RUNNING_CAP
     + """ - r.running)),
-    last_taken = LEAST(%(wanted)s, GREATEST(0, """
+    last_taken = LEAST(EXCLUDED.running, GREATEST(0, """
     + _RUNNING_CAP
     + """ - r.running))
-RETURNING r.last_taken
+RETURNING r.tenant_id, r.last_taken
 """
 )
 
