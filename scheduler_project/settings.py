@@ -393,8 +393,8 @@ SCHEDULER_UPKEEP_RETRY_SECONDS = env_float("SCHEDULER_UPKEEP_RETRY_SECONDS", 60.
 SCHEDULER_PARTITION_DAYS_AHEAD = env_int("SCHEDULER_PARTITION_DAYS_AHEAD", 7, minimum=2, maximum=60)
 # A table autovacuum does not look after (off on the server, or autovacuum_enabled=false on the table) is vacuumed
 # by the upkeep once its dead row versions pass this many plus a fifth of its live rows (autovacuum's own formula,
-# with a larger base: the upkeep checks once a minute, not every few seconds).
-SCHEDULER_VACUUM_DEAD_TUPLES = env_int("SCHEDULER_VACUUM_DEAD_TUPLES", 10_000, minimum=1)
+# with a larger base; the upkeep looks every ten seconds).
+SCHEDULER_VACUUM_DEAD_TUPLES = env_int("SCHEDULER_VACUUM_DEAD_TUPLES", 1_000, minimum=1)
 
 # Fault injection (dispatch/engine/faults.py): a crash point's name makes the process die there, at the
 # SCHEDULER_FAULT_AFTER-th pass. Empty (the default) in every real deployment.

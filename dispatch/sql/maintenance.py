@@ -190,6 +190,7 @@ WHERE a.scheduled_for < %(cutoff)s AND NOT EXISTS (
 # The tables autovacuum does not look after (off on the server, or autovacuum_enabled=false on the table) whose dead
 # row versions passed the threshold: `base` plus `scale` of their live rows, autovacuum's own formula. The name comes
 # quoted by PostgreSQL (format %I), ready for VACUUM. Every schema: the engine tables and tenants' own alike.
+# Smallest first: the hot queue-like tables are small, and their VACUUM must not wait behind a day partition's.
 VACUUM_CANDIDATES = """
 SELECT format('%%I.%%I', s.schemaname, s.relname), s.relname, s.n_dead_tup, s.n_live_tup
 FROM pg_stat_user_tables AS s
@@ -199,7 +200,7 @@ WHERE s.n_dead_tup > %(base)s + %(scale)s * s.n_live_tup
        OR EXISTS (SELECT 1 FROM unnest(c.reloptions) AS o(option)
                   WHERE split_part(o.option, '=', 1) = 'autovacuum_enabled'
                     AND NOT split_part(o.option, '=', 2)::boolean))
-ORDER BY s.n_dead_tup DESC
+ORDER BY s.n_live_tup
 """
 # Throttled as autovacuum is by default (2 ms after every 200 cost units), so it shares the disk with the hot path
 # instead of taking it; SKIP_LOCKED skips a table whose lock is taken (another VACUUM, a migration); no truncation,

@@ -97,10 +97,16 @@ def test_partitions_a_long_read_holds_up_are_tried_again_soon_and_the_failure_is
     with long_read():
         assert upkeep.run_due(db_now())
         assert missing not in days_of(), "the read holds DEFAULT, which ATTACH must lock"
+        tried = counters.stored_value("scheduler_upkeep_failures", task="partitions")
+        assert tried == failures + 1
         clock.advance(settings.SCHEDULER_UPKEEP_RETRY_SECONDS - 1)
-        assert not upkeep.run_due(db_now()), "nothing is due before the retry interval"
+        upkeep.run_due(db_now())  # other tasks (vacuum) may be due; the partitions are not
+        assert counters.stored_value("scheduler_upkeep_failures", task="partitions") == tried, (
+            "the partitions are not tried again before the retry interval"
+        )
         clock.advance(1)
         assert upkeep.run_due(db_now())
+        assert counters.stored_value("scheduler_upkeep_failures", task="partitions") == tried + 1, "tried again"
         assert missing not in days_of()
     clock.advance(settings.SCHEDULER_UPKEEP_RETRY_SECONDS)
     upkeep.run_due(db_now())
