@@ -206,6 +206,11 @@ PARTITIONS_KEPT = Counter(
 UPKEEP_VACUUMS = Counter(
     "scheduler_upkeep_vacuums", "Tables the upkeep vacuumed because autovacuum does not look after them.", ["table"]
 )
+UPKEEP_ANALYZES = Counter(
+    "scheduler_upkeep_analyzes",
+    "Tables the upkeep analyzed (statistics only) because autovacuum does not look after them.",
+    ["table"],
+)
 # Relays.
 RELAY_PUBLISHED_ENVELOPES = Counter("scheduler_relay_published_envelopes", "Envelopes the broker confirmed.")
 RELAY_PUBLISHED_OCCURRENCES = Counter(

@@ -55,6 +55,10 @@ PARTITIONS, RETENTION, VACUUM = "partitions", "retention", "vacuum"
 EVERY_SECONDS = {PARTITIONS: 600.0, RETENTION: 3600.0, VACUUM: 10.0}
 # The part of a table's live rows its dead ones may add before a VACUUM: autovacuum's default scale factor.
 VACUUM_SCALE = 0.2
+# Rows changed since the last ANALYZE (inserted, updated, deleted) before another: autovacuum's analyze rule, with
+# a larger base, so the statistics of a table that grows by inserts follow its growth.
+ANALYZE_BASE_ROWS = 500
+ANALYZE_SCALE = 0.1
 # Tables up to this many live rows are vacuumed unthrottled: they sit in shared buffers, so the throttle would only
 # make their VACUUM last longer, and the hot small ones (buckets, running counts, the outbox) come first.
 UNTHROTTLED_LIVE_ROWS = 200_000
@@ -163,18 +167,27 @@ class Upkeep:
         return True
 
     def vacuum(self, now: datetime) -> bool:
-        """VACUUM (ANALYZE) each table past its threshold that autovacuum does not look after."""
+        """VACUUM (ANALYZE) each table past its threshold that autovacuum does not look after, and ANALYZE the
+        ones whose rows changed enough since their statistics were taken."""
         with connection.cursor() as cursor:
             cursor.execute(
                 maintenance_sql.VACUUM_CANDIDATES,
-                {"base": settings.SCHEDULER_VACUUM_DEAD_TUPLES, "scale": VACUUM_SCALE},
+                {
+                    "base": settings.SCHEDULER_VACUUM_DEAD_TUPLES,
+                    "scale": VACUUM_SCALE,
+                    "analyze_base": ANALYZE_BASE_ROWS,
+                    "analyze_scale": ANALYZE_SCALE,
+                },
             )
             candidates = cursor.fetchall()
         failures = []
-        for quoted, relname, dead, live in candidates:
+        for quoted, relname, dead, live, needs_vacuum in candidates:
             if self._stopping.is_set():
                 break
             try:
+                if not needs_vacuum:
+                    self._analyze_one(quoted, relname)
+                    continue
                 self._vacuum_one(quoted, throttled=live > UNTHROTTLED_LIVE_ROWS)
             except DatabaseError as exc:
                 if self._stopping.is_set():
@@ -196,6 +209,18 @@ class Upkeep:
             return False
         self._recovered(VACUUM, f"vacuumed {len(candidates)} tables")
         return True
+
+    def _analyze_one(self, quoted: str, relname: str) -> None:
+        """One ANALYZE (SKIP_LOCKED) under the lock timeout: statistics only, a sample of at most 30,000 rows."""
+        with connection.cursor() as cursor:
+            cursor.execute(maintenance_sql.VACUUM_SETTINGS_NOW)
+            _, _, timeout = cursor.fetchone()
+            cursor.execute(maintenance_sql.SET_LOCK_TIMEOUT, [lock_timeout_text(), False])
+            try:
+                cursor.execute(maintenance_sql.ANALYZE_TABLE.format(table=quoted))
+            finally:
+                cursor.execute(maintenance_sql.SET_LOCK_TIMEOUT, [timeout, False])
+        counters.UPKEEP_ANALYZES.labels(table_label(relname)).inc()
 
     def _vacuum_one(self, quoted: str, *, throttled: bool = True) -> None:
         """One VACUUM in autocommit (it cannot run in a transaction), throttled (a big table) and with the lock

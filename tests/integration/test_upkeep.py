@@ -254,3 +254,32 @@ def test_the_upkeep_vacuums_a_churned_table_autovacuum_leaves_alone_and_healthz_
     _, body = healthz()
     assert not any(churned_table in reason for reason in body["reasons"]), body
     assert counters.stored_value("scheduler_upkeep_vacuums", table=churned_table) >= 1
+
+
+def test_a_table_grown_by_inserts_since_its_last_analyze_is_analyzed_again(tenant_a, settings):
+    """A day partition analyzed while nearly empty kept a plan for a nearly empty table once it held the day's
+    fires: the settle statement hashed 196,775 occurrences to find two (1.1 s) instead of probing the key. With
+    autovacuum off nothing analyzed it again until its dead rows passed the vacuum threshold; inserts leave none."""
+    table = CHURNED
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+        cursor.execute(f"ANALYZE {table}")
+        cursor.execute(f"INSERT INTO {table} (tenant_id, running) SELECT -n, 0 FROM generate_series(1, 5000) AS n")
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT reltuples FROM pg_class WHERE relname = %s", [table])
+            assert cursor.fetchone()[0] < 1000, "the statistics still describe the table before the inserts"
+        settings.SCHEDULER_VACUUM_DEAD_TUPLES = 100_000  # no VACUUM: the ANALYZE alone must follow the growth
+        analyzed = counters.stored_value("scheduler_upkeep_analyzes", table=table)
+
+        assert Upkeep().vacuum(db_now())
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT reltuples FROM pg_class WHERE relname = %s", [table])
+            assert cursor.fetchone()[0] >= 5000
+        assert counters.stored_value("scheduler_upkeep_analyzes", table=table) == analyzed + 1
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {table} WHERE tenant_id < 0")
+            cursor.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
