@@ -36,6 +36,7 @@ BENCHES: dict[str, tuple[str, ...]] = {
     "burst": ("burst", "--schedules", "300", "--tenants", "3", "--lags-out", str(LAGS_DIR / "burst.txt"), *TINY),
     "drain": ("drain", "--occurrences", "300", "--workers", "1", "--concurrency", "2", *TINY),
     "fairness": ("fairness", "--big", "300", "--small", "30", *TINY),
+    "steady": ("steady", "--rate", "20", "--tenants", "10", "--minutes", "0.5", "--horizon", "10"),
     "celery-noop": ("celery-noop", "--tasks", "300", "--concurrency", "2"),
     "peer-beat": ("peer-beat", "--tasks", "30", "--deadline", "90", "--lags-out", str(LAGS_DIR / "peer-beat.txt")),
 }
@@ -45,6 +46,9 @@ PROMISED_KEYS = {
     "fairness": {"big_lag_p99_s", "small_lag_p99_s", "big_lost", "small_lost", "lost"},
     "drain": {"executed_per_s", "start_lag_p50_s", "start_lag_p99_s", "finish_p99_s", "lost", "duplicate_effects"}
     | {"attempts"},
+    "steady": {"rate", "fires", "lost", "duplicate_effects", "lag_p50_s", "lag_p99_s", "lag_max_s", "settle_lag_p99_s"}
+    | {"start_lag_p99_s", "outbox_rows_max", "outbox_rows_end", "rss_mb_max", "rss_mb_growth", "dead_tuples_max"}
+    | {"bytes_per_fire"},
     "celery-noop": {"tasks", "executed", "executed_per_s"},
     "peer-beat": {"tasks", "enqueued", "lost", "lag_p50_s", "lag_p99_s", "lag_max_s", "dispatch_per_s"},
 }
@@ -179,6 +183,21 @@ def test_fairness_measured_both_tenants_apart(bench_runs):
     assert result["big_lost"] == result["small_lost"] == 0
     assert set(result["peak_rss_mb"]) == {"materializer-1", "relay-1"}
     assert result["small_lag_p99_s"] < 90
+
+
+def test_steady_ran_every_fire_of_its_window_through_every_process(bench_runs):
+    result = bench_runs["steady"].result()
+    assert result["expected"] == result["fires"] == 20 * 30  # 20 fires in each second of a 30 s window
+    assert result["states"] == {"succeeded": 600}
+    assert result["duplicate_effects"] == 0 and result["unconfirmed"] == 0
+    assert {"materializer", "relay", "worker"} <= set(result["rss_mb_max"])
+    assert result["settled_envelopes"] > 0
+    assert 0 <= result["lag_p50_s"] <= result["lag_p99_s"] <= result["lag_max_s"] < 30
+    assert result["start_lag_p99_s"] is not None and result["start_lag_p99_s"] >= 0
+    assert result["bytes_per_fire"] > 0
+    assert {"schedules_schedulecursor", "dispatch_outboxmessage", "dispatch_occurrence"} <= set(
+        result["dead_tuples_max"]
+    )
 
 
 def test_celery_noop_ran_every_task_on_a_real_worker(bench_runs):

@@ -1,4 +1,4 @@
-"""`manage.py bench burst|drain|fairness|peer-beat|celery-noop ...`: benchmarks operators use to size a deployment.
+"""`manage.py bench burst|drain|fairness|steady|peer-beat|celery-noop ...`: benchmarks that size a deployment.
 
 The commands and measured figures are in docs/BENCHMARKS.md.
 """
@@ -24,12 +24,14 @@ from dispatch.bench.peer_beat import (
     run_under_bench_settings,
 )
 from dispatch.bench.processes import result_line
+from dispatch.bench.steady import SteadyBenchmark, SteadyConfig
 
 
 class Command(BaseCommand):
     help = (
         "Benchmarks. `bench burst`: N fires due at one instant through the real materializer and relay. "
-        "`bench drain`: the burst through real workers. `bench peer-beat`: the same N tasks under django-celery-beat, "
+        "`bench drain`: the burst through real workers. `bench steady`: R fires a second for M minutes through every "
+        "process, with bursts. `bench peer-beat`: the same N tasks under django-celery-beat, "
         "for comparison. `bench celery-noop`: a plain Celery worker running a noop task, one message each."
     )
 
@@ -72,7 +74,21 @@ class Command(BaseCommand):
         fair.add_argument("--materializers", type=int, default=1)
         fair.add_argument("--relays", type=int, default=1)
         fair.add_argument("--deadline", type=float, default=120.0, help="seconds after T0 before giving up")
-        for process_bench in (burst, drain, fair):
+        steady = sub.add_parser(
+            "steady", help="R fires a second for M minutes through the real processes, with bursts: a production day"
+        )
+        steady.add_argument("--rate", type=int, required=True, help="fires due in every second of the window")
+        steady.add_argument("--tenants", type=int, required=True, help="tenants the fires are spread over")
+        steady.add_argument("--minutes", type=float, required=True, help="length of the measured window")
+        steady.add_argument("--burst", type=int, default=0, help="strict fires more at each whole 10 minutes")
+        steady.add_argument("--workers", type=int, default=1, help="Celery worker processes")
+        steady.add_argument("--concurrency", type=int, default=2, help="pool processes per worker")
+        steady.add_argument(
+            "--period", type=int, default=60, help="every_seconds of the interval schedules (rate x period of them)"
+        )
+        steady.add_argument("--series-out", type=Path, default=None, help="write the sampled series as CSV")
+        steady.add_argument("--keep", action="store_true", help="keep the bench rows for inspection")
+        for process_bench in (burst, drain, fair, steady):
             process_bench.add_argument(
                 "--horizon",
                 type=float,
@@ -101,6 +117,8 @@ class Command(BaseCommand):
             self.handle_drain(options)
         elif options["bench"] == "fairness":
             self.handle_fairness(options)
+        elif options["bench"] == "steady":
+            self.handle_steady(options)
         elif options["bench"] == "peer-beat":
             self.handle_peer_beat(options)
 
@@ -173,6 +191,40 @@ class Command(BaseCommand):
         )
         try:
             result = FairnessBenchmark(config, out=self.stdout).run()
+        except BenchRefused as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(result_line(result))
+
+    def handle_steady(self, options: dict[str, Any]) -> None:
+        for name in ("rate", "tenants", "workers", "concurrency"):
+            if options[name] < 1:
+                raise CommandError(f"--{name} must be at least 1")
+        if options["burst"] < 0:
+            raise CommandError("--burst must not be negative")
+        if not 0 < options["minutes"] <= 24 * 60:
+            raise CommandError("--minutes must be more than 0 and at most a day (1440)")
+        if not 1 <= options["period"] <= 3600:
+            raise CommandError("--period must be between 1 and 3600 seconds")
+        if options["tenants"] > 100_000:
+            raise CommandError("--tenants is limited to 100,000")
+        series_out: Path | None = options["series_out"]
+        if series_out is not None and not series_out.resolve().parent.is_dir():
+            raise CommandError(f"--series-out {series_out}: the directory {series_out.resolve().parent} does not exist")
+        config = SteadyConfig(
+            schedules=0,
+            tenants=options["tenants"],
+            workers=options["workers"],
+            concurrency=options["concurrency"],
+            rate=options["rate"],
+            minutes=options["minutes"],
+            burst=options["burst"],
+            period_seconds=options["period"],
+            series_out=str(series_out) if series_out else None,
+            keep=options["keep"],
+            horizon_seconds=horizon_option(options),
+        )
+        try:
+            result = SteadyBenchmark(config, out=self.stdout).run()
         except BenchRefused as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(result_line(result))
