@@ -50,6 +50,57 @@ UNTHROTTLED: dict[str, Any] = {
 
 
 PLANNING = ", ".join(PLANNING_FIELDS)
+# The columns of the schedule rows the benchmarks COPY (schedule_row), in this order.
+SCHEDULE_COLUMNS = (
+    "id, tenant_id, name, kind, cron, every_seconds, anchor_at, timezone, lane, flexible_window_seconds, priority, "
+    "handler, payload, misfire_policy, max_lateness_seconds, catchup_limit, overlap_policy, max_attempts, state, "
+    "version, shard, created_by, created_at, updated_at"
+)
+# The API's largest max lateness (a week): the benches measure delivery and execution, not the misfire rule, so a
+# fire still queued behind a burst when a worker claims it must run, not end missed.
+BENCH_MAX_LATENESS_SECONDS = 7 * 24 * 3600
+
+
+def schedule_row(
+    schedule_id: uuid.UUID,
+    tenant_id: int,
+    name: str,
+    *,
+    handler: str,
+    now: datetime,
+    cron: str | None = None,
+    every_seconds: int | None = None,
+    anchor_at: datetime | None = None,
+    lane: str = "strict",
+    flexible_window_seconds: int = 300,
+) -> tuple:
+    """One active schedule row in SCHEDULE_COLUMNS order, as the API would have written it (version 1, UTC)."""
+    return (
+        schedule_id,
+        tenant_id,
+        name,
+        "interval" if every_seconds is not None else "cron",
+        cron,
+        every_seconds,
+        anchor_at,
+        "UTC",
+        lane,
+        flexible_window_seconds,
+        0,
+        handler,
+        "{}",
+        "skip",
+        BENCH_MAX_LATENESS_SECONDS,
+        10,
+        "allow",
+        5,
+        "active",
+        1,
+        shard_for(schedule_id),
+        "bench",
+        now,
+        now,
+    )
 
 
 class BenchRefused(Exception):
@@ -79,8 +130,6 @@ class BurstConfig:
 
 class BurstBenchmark(BurstMeasurements):
     queues = (BENCH_STRICT_QUEUE, BENCH_FLEXIBLE_QUEUE)
-    # The API's largest max lateness (a week).
-    BENCH_MAX_LATENESS_SECONDS = 7 * 24 * 3600
     # The handler of the bench schedules; the burst never runs it (no workers), the drain does.
     handler = "noop"
 
@@ -221,7 +270,6 @@ class BurstBenchmark(BurstMeasurements):
             else f"{fire_at.minute} {fire_at.hour} {fire_at.day} {fire_at.month} *"
         )
         now = db_now()
-        definition_fields = "id, tenant_id, name, kind, cron, run_at, timezone, lane, flexible_window_seconds, priority, handler, payload, misfire_policy, max_lateness_seconds, catchup_limit, overlap_policy, max_attempts, state, version, shard, idempotency_key, request_fingerprint, created_by, created_at, updated_at"  # noqa: E501
         total = count
         label = "create due schedules" if due else "create idle schedules"
         with (
@@ -229,39 +277,18 @@ class BurstBenchmark(BurstMeasurements):
             tqdm(total=total, desc=label, unit="sch", file=self.out, mininterval=2) as bar,
         ):
             cursor = wrapper.cursor
-            with cursor.copy(f"COPY schedules_schedule ({definition_fields}) FROM STDIN") as copy:
+            with cursor.copy(f"COPY schedules_schedule ({SCHEDULE_COLUMNS}) FROM STDIN") as copy:
                 for n in range(total):
-                    schedule_id = uuid.uuid4()
-                    tenant = tenants[n % len(tenants)]
                     copy.write_row(
-                        (
-                            schedule_id,
-                            tenant.id,
+                        schedule_row(
+                            uuid.uuid4(),
+                            tenants[n % len(tenants)].id,
                             f"bench-{'due' if due else 'idle'}-{n}",
-                            "cron",
-                            cron,
-                            None,
-                            "UTC",
-                            self.config.lane if due else "strict",
-                            self.config.flexible_window_seconds,
-                            0,
-                            self.handler,
-                            "{}",
-                            "skip",
-                            # The benches measure delivery and execution, not the misfire rule: a fire still
-                            # queued behind the burst when a worker claims it must run, not end missed.
-                            self.BENCH_MAX_LATENESS_SECONDS,
-                            10,
-                            "allow",
-                            5,
-                            "active",
-                            1,
-                            shard_for(schedule_id),
-                            None,
-                            None,
-                            "bench",
-                            now,
-                            now,
+                            handler=self.handler,
+                            now=now,
+                            cron=cron,
+                            lane=self.config.lane if due else "strict",
+                            flexible_window_seconds=self.config.flexible_window_seconds,
                         )
                     )
                     if n % 10000 == 0:

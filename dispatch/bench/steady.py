@@ -30,14 +30,14 @@ from typing import Any
 from django.db import connection, transaction
 from tqdm import tqdm
 
-from dispatch.bench.burst import BENCH_TENANT_PREFIX, UNTHROTTLED
+from dispatch.bench.burst import BENCH_TENANT_PREFIX, SCHEDULE_COLUMNS, UNTHROTTLED, schedule_row
 from dispatch.bench.drain import DrainBenchmark, DrainConfig
 from dispatch.bench.sampling import Readings, Sampler
 from dispatch.bench.steady_stats import settle_buckets, steady_stats
 from dispatch.engine.relay import database_conninfo
 from dispatch.sql import quotas as quota_sql
 from schedules.clock import db_now
-from schedules.models import PLANNING_FIELDS, shard_for
+from schedules.models import PLANNING_FIELDS
 from tenants.models import Tenant, schema_name_for
 
 STEADY_PREFIX = f"{BENCH_TENANT_PREFIX}s"
@@ -48,12 +48,6 @@ BURST_CRON = "*/10 * * * *"
 WARMUP_SECONDS = 30.0
 # After the window closes: how long its last fires may take to run before they count as lost.
 DRAIN_SECONDS = 120.0
-# Columns of the schedule rows the benchmark writes (COPY), in this order.
-SCHEDULE_COLUMNS = (
-    "id, tenant_id, name, kind, cron, run_at, every_seconds, anchor_at, timezone, lane, flexible_window_seconds, "
-    "priority, handler, payload, misfire_policy, max_lateness_seconds, catchup_limit, overlap_policy, max_attempts, "
-    "state, version, shard, created_by, created_at, updated_at"
-)
 
 
 @dataclass
@@ -123,42 +117,27 @@ class SteadyBenchmark(DrainBenchmark):
         ):
             with wrapper.cursor.copy(f"COPY schedules_schedule ({SCHEDULE_COLUMNS}) FROM STDIN") as copy:
                 for n in range(steady + config.burst):
-                    schedule_id = uuid.uuid4()
                     is_burst = n >= steady
                     # The R schedules of one phase go to R consecutive tenants (round robin), so every second's
                     # fires are spread over the tenants as a day's are, not all of one tenant's.
                     tenant = tenants[(n // config.period_seconds if not is_burst else n) % len(tenants)]
-                    # Phase n mod P: each second of the period has exactly R schedules due in it.
-                    anchor = None if is_burst else window_start + timedelta(seconds=n % config.period_seconds)
-                    copy.write_row(
-                        (
-                            schedule_id,
-                            tenant.id,
-                            f"bench-{'burst' if is_burst else 'steady'}-{n}",
-                            "cron" if is_burst else "interval",
-                            BURST_CRON if is_burst else None,
-                            None,
-                            None if is_burst else config.period_seconds,
-                            anchor,
-                            "UTC",
-                            "strict",
-                            300,
-                            0,
-                            self.handler,
-                            "{}",
-                            "skip",
-                            self.BENCH_MAX_LATENESS_SECONDS,
-                            10,
-                            "allow",
-                            5,
-                            "active",
-                            1,
-                            shard_for(schedule_id),
-                            "bench",
-                            now,
-                            now,
+                    if is_burst:
+                        row = schedule_row(
+                            uuid.uuid4(), tenant.id, f"bench-burst-{n}", handler=self.handler, now=now, cron=BURST_CRON
                         )
-                    )
+                    else:
+                        # Phase n mod P: each second of the period has exactly R schedules due in it.
+                        anchor = window_start + timedelta(seconds=n % config.period_seconds)
+                        row = schedule_row(
+                            uuid.uuid4(),
+                            tenant.id,
+                            f"bench-steady-{n}",
+                            handler=self.handler,
+                            now=now,
+                            every_seconds=config.period_seconds,
+                            anchor_at=anchor,
+                        )
+                    copy.write_row(row)
                     if n % 10000 == 0:
                         bar.update(min(10000, steady + config.burst - bar.n))
             bar.update(steady + config.burst - bar.n)
