@@ -126,6 +126,12 @@ _database["ENGINE"] = "django_tenants.postgresql_backend"
 # Persistent connections are checked before reuse: after a PostgreSQL restart or failover a request (or a worker
 # thread) gets a fresh connection instead of an error from the dead one.
 _database["CONN_HEALTH_CHECKS"] = True
+# No JIT compilation on the platform's connections. Its statements are short, and their generic plans (prepared
+# statements, after five runs) estimate from arrays of unknown length, often above jit_above_cost: the settle
+# statement then spent 3.5 s compiling for 5 ms of work, every run (docs/DESIGN.md "No JIT"). The relay's own
+# connections take the same options (dispatch/engine/relay.py database_conninfo).
+_database_options = _database.setdefault("OPTIONS", {})
+_database_options["options"] = f"{_database_options.get('options', '')} -c jit=off".strip()
 DATABASES = {"default": _database}
 DATABASE_ROUTERS = ["django_tenants.routers.TenantSyncRouter"]
 

@@ -67,6 +67,7 @@ def database_conninfo() -> str:
         password=params.get("PASSWORD") or None,
         host=params.get("HOST") or None,
         port=str(params["PORT"]) if params.get("PORT") else None,
+        options=params.get("OPTIONS", {}).get("options") or None,
     )
 
 
