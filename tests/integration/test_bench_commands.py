@@ -159,7 +159,7 @@ def test_burst_went_through_a_real_materializer_and_relay_to_the_broker(bench_ru
     result = bench_runs["burst"].result()
     assert result["schedules"] == result["enqueued"] == 300
     assert result["lost_on_broker"] == 0 and result["duplicates"] == 0
-    assert result["broker_messages"] >= 3  # one envelope per tenant at least, read back from the queue
+    assert result["broker_messages"] >= 2  # 300 fires in messages of at most 250, read back from the queue
     assert result["materialize_per_s"] > 0
     assert set(result["peak_rss_mb"]) == {"materializer-1", "relay-1"}
     assert all(mb > 20 for mb in result["peak_rss_mb"].values())

@@ -193,7 +193,7 @@ def test_rows_in_default_past_the_retention_go_only_once_finished(tenant_a, make
 # --- vacuum --------------------------------------------------------------------------------------------------------
 
 CHURNED = "dispatch_tenant_running"
-CHURN_ROWS, CHURN_UPDATES = 200, 60
+CHURN_ROWS, CHURN_UPDATES = 200, 600
 
 
 def dead_tuples(table: str) -> int:
@@ -204,7 +204,8 @@ def dead_tuples(table: str) -> int:
 
 @pytest.fixture
 def churned_table(tenant_a) -> Iterator[str]:
-    """Running counts of 200 tenants (ids no tenant has) updated 60 times each: 12,000 dead row versions, in a table
+    """Running counts of 200 tenants (ids no tenant has) updated 600 times each: 120,000 dead row versions (past the
+    health threshold, ten times 10,000 plus a fifth of the live rows), in a table
     autovacuum is told to leave alone (so the test holds on a server that runs autovacuum too)."""
     with connection.cursor() as cursor:
         cursor.execute(f"ALTER TABLE {CHURNED} SET (autovacuum_enabled = false)")
