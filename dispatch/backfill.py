@@ -24,8 +24,9 @@ from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
 
-# One operator command must not become the next outage (seed 000: "replaying every missed historical occurrence
-# creates a second outage"): above this many fires the operator splits the range and watches the queues.
+# One operator command must not become the next outage (replaying every fire missed in a long outage at once would
+# flood the queues with stale work and cause a second one): above this many fires the operator splits the range and
+# watches the queues.
 MAX_BACKFILL_FIRES = 100_000
 # Occurrences (and their envelopes) written per transaction: short transactions, bounded memory.
 BACKFILL_CHUNK = 1000

@@ -3,8 +3,8 @@ occurrences of one tenant, queue, instant and priority (grouping is dispatch/out
 envelopes of several tenants sent as one message (`bundle_body`).
 
 Why: on two cores one Python process confirms about 3,500 persistent messages a second but 5,600 envelopes of
-100 occurrences, i.e. ~560,000 occurrences a second (ARCHITECTURE.md, "Measured"). An envelope is transport
-only: each occurrence in it keeps its own id, state, attempts and fencing, and a redelivered envelope
+100 occurrences, i.e. ~560,000 occurrences a second (docs/ARCHITECTURE.md, "Measured"). An envelope is
+transport only: each occurrence in it keeps its own id, state, attempts and fencing, and a redelivered envelope
 re-offers only occurrences that are not terminal.
 
 The body is a Celery protocol-2 task call of `dispatch.run_envelope`, serialised once, when the occurrences are

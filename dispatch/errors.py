@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class HandlerError(Exception):
-    """Base of the errors with a meaning for the retry policy (ARCHITECTURE rule 6)."""
+    """Base of the errors with a meaning for the retry policy (docs/ARCHITECTURE.md rule 6)."""
 
 
 class PermanentError(HandlerError):
@@ -23,7 +23,8 @@ class TransientError(HandlerError):
 
 
 class CanceledError(HandlerError):
-    """Raised by a handler that honoured its cancel_event (seed 004's AbortSignal): it stopped before finishing."""
+    """Raised by a handler that honoured its cancel_event (cooperative cancellation, docs/ARCHITECTURE.md rule 5): it
+    stopped before finishing."""
 
 
 # --- refusals of the operator paths (mapped to HTTP codes by schedules/api/errors.py, to messages by commands) ---

@@ -52,7 +52,7 @@ def invalidate_unclaimed_occurrences(
     reason: str = "",
     keep_due_at: datetime | None = None,
 ) -> int:
-    """Cancel occurrences of older versions that no worker has claimed yet (ARCHITECTURE rule 9).
+    """Cancel occurrences of older versions that no worker has claimed yet (docs/ARCHITECTURE.md rule 9).
 
     One conditional UPDATE: a worker's claim (`WHERE state = 'enqueued'`) and this statement serialise on the
     row lock, so an occurrence ends either claimed (and reported in flight) or canceled, never both.

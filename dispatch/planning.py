@@ -195,7 +195,8 @@ walk_key: Callable[[DueSchedule], tuple] = operator.itemgetter(*(DueSchedule._fi
 
 
 def plan_schedule(schedule: DueSchedule, *, now: datetime, horizon: timedelta) -> Plan:
-    """Plan the fires of `schedule` from its durable cursor up to now + horizon (ARCHITECTURE rules 2, 7, 10)."""
+    """Plan the fires of `schedule` from its durable cursor up to now + horizon (docs/ARCHITECTURE.md rules 2, 7
+    and 10)."""
     return walk_fires(schedule, now=now, horizon=horizon).plan_for(schedule)
 
 

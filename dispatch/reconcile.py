@@ -20,7 +20,7 @@ from schedules.clock import db_now
 from schedules.cron_syntax import TimeRuleError
 
 # This module deliberately imports neither dispatch/planning.py nor the materializer: it is the independent second
-# opinion of ARCHITECTURE.md "Observability". A bug shared by both code paths would be invisible to it.
+# opinion of docs/ARCHITECTURE.md "Observability". A bug shared by both code paths would be invisible to it.
 
 logger = logging.getLogger(__name__)
 

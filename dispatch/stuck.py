@@ -1,5 +1,5 @@
 """Stuck occurrences: non-terminal long after their time. The one definition that reconcile reports and
-`replay --stuck` re-drives (ARCHITECTURE rule 12).
+`replay --stuck` re-drives (docs/ARCHITECTURE.md rule 12).
 
 An occurrence is stuck when it is still `scheduled` or `enqueued` S seconds after its release instant (the relay or
 the broker lost it, or nobody consumes its queue), `running` with a lease that expired S seconds ago (its worker died
@@ -18,8 +18,8 @@ from django.db import connection
 
 from dispatch.sql import maintenance as maintenance_sql
 
-# What `reconcile --stuck-after` and `replay --stuck --older-than` use when not told (API.md): long enough that a
-# burst, a retry backoff or a relay restart is not reported, short enough to be caught within the hour.
+# What `reconcile --stuck-after` and `replay --stuck --older-than` use when not told (docs/API.md, "Commands"): long
+# enough that a burst, a retry backoff or a relay restart is not reported, short enough to be caught within the hour.
 DEFAULT_STUCK_AFTER_SECONDS = 900
 # Rows read per query; the scan walks the window in (scheduled_for, occurrence_id) order.
 STUCK_PAGE = 1000

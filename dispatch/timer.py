@@ -1,4 +1,5 @@
-"""The seed 004 priority timer under the name the public contract gives it (`dispatch.timer`).
+"""The in-process priority timer (docs/ARCHITECTURE.md, "The priority timer") under the name the public contract
+gives it (`dispatch.timer`, docs/API.md "Python: the priority timer").
 
 It lives with the processes that use it, in dispatch/engine/timer.py; this module only hands its names on.
 """

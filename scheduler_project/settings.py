@@ -16,7 +16,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DEBUG = env_bool("DJANGO_DEBUG", False)
 # A fixed development key keeps local sessions valid across restarts on a developer's machine, where
 # DJANGO_DEBUG is not set at all. Saying DJANGO_DEBUG=0 declares a real deployment: then the key must be the
-# deployment's own (API.md, Configuration), or anyone who read this file could forge sessions.
+# deployment's own (docs/API.md, "Configuration"), or anyone who read this file could forge sessions.
 DEVELOPMENT_SECRET_KEY = "dev-only-insecure-key-change-me-in-production-0123456789"
 PRODUCTION = "DJANGO_DEBUG" in os.environ and not DEBUG
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "")
@@ -223,7 +223,7 @@ SPECTACULAR_SETTINGS = {
     "SCHEMA_PATH_PREFIX": "/api/v1",
     # 3.1 is JSON Schema: `null` as a type and `propertyNames` say exactly what the API accepts (payload keys).
     "OAS_VERSION": "3.1.0",
-    # Bodies are documented as JSON, the contract (API.md); the form parsers serve the browsable API.
+    # Bodies are documented as JSON, the contract (docs/API.md, "Requests"); the form parsers serve the browsable API.
     "PARSER_WHITELIST": ["rest_framework.parsers.JSONParser"],
     # One name per set of choices, wherever it appears (input, output, filters): no hash-suffixed names.
     "ENUM_NAME_OVERRIDES": {
@@ -252,8 +252,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 SCHEDULER_SHARDS = env_int("SCHEDULER_SHARDS", 256, minimum=1, maximum=65536)
 # Payloads are stored and shipped with every occurrence: keep them small.
 SCHEDULER_MAX_PAYLOAD_BYTES = env_int("SCHEDULER_MAX_PAYLOAD_BYTES", 64 * 1024, minimum=1024)
-# How far ahead occurrences are materialized (ARCHITECTURE rule 2): covers failover and enqueue budgets, and the
-# time to write a top-of-hour batch. Measured: one materializer writes 20,000-30,000 schedules/s on two cores, so a
+# How far ahead occurrences are materialized (docs/ARCHITECTURE.md rule 2): covers failover and enqueue budgets, and
+# the time to write a top-of-hour batch. Measured: one materializer writes 20,000-30,000 schedules/s on two cores, so a
 # 500,000-fire hour takes ~25 s; 60 s leaves a lease period (15 s) of failover and as much again of margin
 # (docs/SCALING.md). Longer costs at every update and cancel: more pending work of the old version to withdraw.
 SCHEDULER_HORIZON_SECONDS = env_float("SCHEDULER_HORIZON_SECONDS", 60.0, minimum=1.0)
@@ -419,6 +419,7 @@ SCHEDULER_LEASE_MAX_LIFETIME_SECONDS = env_float(
     minimum=1.0,
 )
 # A worker ends a first delivery as missed when it is claimed later than its schedule's max lateness plus this grace
-# (ARCHITECTURE rule 12). The grace absorbs the pipeline's own latency (relay, broker, a worker's prefetch), which is
-# no outage; without it a schedule with max_lateness_seconds = 0 could never run. The enqueue SLO's 5 s by default.
+# (docs/ARCHITECTURE.md rule 12). The grace absorbs the pipeline's own latency (relay, broker, a worker's prefetch),
+# which is no outage; without it a schedule with max_lateness_seconds = 0 could never run. The enqueue SLO's 5 s by
+# default.
 SCHEDULER_CLAIM_LATENESS_GRACE_SECONDS = env_float("SCHEDULER_CLAIM_LATENESS_GRACE_SECONDS", 5.0, minimum=0.0)

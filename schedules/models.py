@@ -228,9 +228,9 @@ class ScheduleCursor(models.Model):
 
     A table of its own because the materializer moves one cursor per fire, 500,000 of them before a busy hour. On
     the schedule row each move rewrote a wide row (payload and all) and added an entry to each of its six indexes;
-    a cursor row is ~150 bytes with two indexes (docs/DESIGN.md, "The cursor table"). A row exists while the
-    schedule is active, and only then. next_run_at is NULL once a one-off's only fire is materialized: the
-    maintenance pass completes the schedule when that occurrence has ended.
+    a cursor row is ~150 bytes with two indexes (docs/DESIGN.md, "The materializer's batch, and the cursor table").
+    A row exists while the schedule is active, and only then. next_run_at is NULL once a one-off's only fire is
+    materialized: the maintenance pass completes the schedule when that occurrence has ended.
 
     Writers: Schedule.save() (the control plane, holding the schedule's row lock and then this one) and the
     materializer (dispatch/sql/materialize.py), which locks cursor rows only, with SKIP LOCKED.

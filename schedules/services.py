@@ -129,7 +129,7 @@ def _locked(schedule: Schedule) -> Schedule:
 def _lock_for_change(schedule: Schedule, now: datetime) -> Schedule:
     """Lock the row for a new version. Fires the current version still owes up to now (the materializer was
     behind) are first produced under its misfire policy, as the materializer would have: the cursor is about to
-    move on, and a fire without a row would be a silent omission (ARCHITECTURE rule 7)."""
+    move on, and a fire without a row would be a silent omission (docs/ARCHITECTURE.md rule 7)."""
     locked = _locked(schedule)
     if locked.state == ScheduleState.ACTIVE and locked.next_run_at is not None and locked.next_run_at <= now:
         dispatch_occurrences.materialize_owed_fires(locked, now=now)
@@ -146,7 +146,7 @@ WITHDRAWN_BY: dict[str, str] = {
 
 
 def _bump(schedule: Schedule, change: str, actor: str, now: datetime, note: str = "") -> None:
-    """Save a new version and withdraw what older versions left unclaimed (ARCHITECTURE rule 9).
+    """Save a new version and withdraw what older versions left unclaimed (docs/ARCHITECTURE.md rule 9).
 
     Backfilled, replayed and manually triggered occurrences (forced) survive an update or pause, which they
     predate by design; a cancel withdraws them too."""
@@ -311,7 +311,8 @@ def resume_schedule(schedule: Schedule, *, actor: str, note: str = "", now: date
         schedule.state = ScheduleState.ACTIVE if schedule.next_run_at else ScheduleState.COMPLETED
         _bump(schedule, VersionChange.RESUME, actor, now, note)
         if schedule.kind == Kind.ONCE and schedule.run_at is not None and schedule.run_at <= now:
-            # Fires during a pause are not caught up (API.md), but a one-off's only fire is recorded, never lost.
+            # Fires during a pause are not caught up (docs/API.md, "Schedules"), but a one-off's only fire is
+            # recorded, never lost.
             dispatch_occurrences.record_missed_fire(
                 schedule, at=schedule.run_at, now=now, reason="run_at passed while the schedule was paused"
             )

@@ -1,8 +1,9 @@
 """The steady benchmark: a production day's rhythm through the real materializer, relay and Celery workers.
 
-The seed sizes the platform for 200 M fires a day, 2,315 a second all day across many tenants, with a burst on the
-hour. Bursts are measured by `bench burst`; this measures the day between them, where what goes wrong is slow:
-settling that falls behind, an outbox that grows, memory that creeps, dead rows a day without vacuum leaves.
+The platform is sized for 200 M fires a day, 2,315 a second all day across many tenants, with a burst on the hour
+(docs/ARCHITECTURE.md, "What it must hold"). Bursts are measured by `bench burst`; this measures the day between
+them, where what goes wrong is slow: settling that falls behind, an outbox that grows, memory that creeps, dead rows
+a day without vacuum leaves.
 
 1. Tenants: T rows of their own (engine rows only: no schema per tenant, which would take minutes to create for a
    thousand and plays no part in dispatch). Schedules: R x P `interval` schedules firing every P seconds (60 by

@@ -1,6 +1,6 @@
 """The rules that end or park a delivery at claim, on the locked occurrence row as observed: the misfire policy
-(ARCHITECTURE rule 12), the overlap policy (rule 8), the tenant's running quota (max_running) and its share of the
-worker's pool (dispatch/engine/pool_share.py).
+(docs/ARCHITECTURE.md rule 12), the overlap policy (rule 8), the tenant's running quota (max_running) and its share
+of the worker's pool (dispatch/engine/pool_share.py).
 
 dispatch/engine/claims.py applies them, in the order its docstring gives, to one occurrence or to an envelope's.
 """

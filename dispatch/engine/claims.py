@@ -5,7 +5,8 @@ this order, holding those locks:
 1. drop what is not claimable: unknown, terminal, a duplicate of a live attempt, a retry delivered early;
 2. cancel what the schedule withdrew (canceled, or a newer version for an occurrence that is not forced);
 3. end a retry that may not run: attempts exhausted (over an expired lease), or the occurrence deadline passed;
-4. apply the misfire policy to a first delivery later than its version's max lateness (ARCHITECTURE rule 12);
+4. apply the misfire policy to a first delivery later than its version's max lateness (docs/ARCHITECTURE.md
+   rule 12);
 5. apply the overlap policy (rule 8): skip, or park in retry_wait until the running sibling is done;
 6. take a running slot of the tenant's max_running; at the quota, park it in retry_wait (attempts untouched, never
    dead for it) to be offered again after a backoff that grows with its wait;

@@ -8,8 +8,8 @@ own: 323 occurrences a second on two cores. Here an envelope of a hundred costs 
    handlers (dispatch/engine/pool_share.py) is not claimed here: its occurrences wait in retry_wait, attempts
    untouched, for an envelope of their own, as over max_running. What needs another lock order (overlap policies
    other than allow) or another transaction's row goes the one-by-one way (`process_occurrence`) on the pool.
-2. One pre-check for all the claims right before their handlers start (ARCHITECTURE rule 5). A handler that starts
-   more than PRECHECK_FRESH_SECONDS after it (the pool was busy with slow handlers) re-checks alone.
+2. One pre-check for all the claims right before their handlers start (docs/ARCHITECTURE.md rule 5). A handler that
+   starts more than PRECHECK_FRESH_SECONDS after it (the pool was busy with slow handlers) re-checks alone.
 3. The handlers run on the process's pool, at most the tenant's share of its threads at a time: each pool thread
    that holds one of the tenant's slots takes the envelope's next occurrence until none is left, so a thread is
    handed work once per envelope, not once per occurrence. The renewer looks after every claim's lease from the
@@ -52,7 +52,8 @@ from dispatch.engine.timer import PriorityTimer, TimerClosed
 
 logger = logging.getLogger(__name__)
 
-# How old the envelope's pre-check may be when a handler starts; older, the handler re-checks alone (rule 5).
+# How old the envelope's pre-check may be when a handler starts; older, the handler re-checks alone
+# (docs/ARCHITECTURE.md rule 5).
 PRECHECK_FRESH_SECONDS = 0.5
 # How long the first finished result of a batch waits for others to share its completion transaction.
 COMPLETE_BATCH_SECONDS = 0.05
@@ -66,8 +67,9 @@ FAILED_TO_RUN = RunResult("error")
 
 
 class EnvelopeRunner:
-    """A process-wide pool (seed 004's PriorityTimer): its threads, and the database connection each keeps, serve
-    every envelope of the process instead of being created per envelope; `share` splits them among tenants."""
+    """A process-wide pool (the PriorityTimer, docs/ARCHITECTURE.md "The priority timer"): its threads, and the
+    database connection each keeps, serve every envelope of the process instead of being created per envelope;
+    `share` splits them among tenants."""
 
     def __init__(self, workers: int, *, tenant_share: float | None = None) -> None:
         self.workers = workers

@@ -2,9 +2,10 @@
 
 A claim holds its occurrence for SCHEDULER_WORKER_LEASE_SECONDS; the renewer extends every lease the process
 holds in one statement every third of that, and raises a handler's cancel event when its lease is lost, its
-schedule was canceled or changed version, or its deadline passed (cooperative cancellation, seed 004). A handler
-that ignores that event does not hold its occurrence forever: past SCHEDULER_LEASE_MAX_LIFETIME_SECONDS the renewer
-stops renewing it, the lease runs out, and the reaper or the next claim fences the attempt. Leases of dead workers
+schedule was canceled or changed version, or its deadline passed (cooperative cancellation: the handler checks the
+event and stops; docs/ARCHITECTURE.md rule 5). A handler that ignores that event does not hold its occurrence
+forever: past SCHEDULER_LEASE_MAX_LIFETIME_SECONDS the renewer stops renewing it, the lease runs out, and the reaper
+or the next claim fences the attempt. Leases of dead workers
 (SIGKILL, OOM, lost network) expire, and the reaper returns those occurrences for another attempt; its pass also
 drops the heartbeat rows of processes long gone and retry-budget minutes long past.
 """

@@ -1,6 +1,7 @@
 """The materializer: turns due schedule cursors into occurrences and outbox envelopes, shard by shard.
 
-Each process leases a fair share of the logical shards and, per batch, in ONE transaction (ARCHITECTURE rule 3):
+Each process leases a fair share of the logical shards and, per batch, in ONE transaction (docs/ARCHITECTURE.md
+rule 3):
 1. confirms its leases (owner + generation) and holds them FOR SHARE until commit (fencing);
 2. locks the due schedules of those shards (next_run_at <= now + horizon), SKIP LOCKED;
 3. plans fires with the misfire policy and lanes (dispatch/planning.py), at most MAX_FIRES_PER_BATCH in all;
@@ -84,7 +85,7 @@ class Materializer:
     # --- leases ------------------------------------------------------------------------------------------------
 
     def verify_shard_count(self) -> None:
-        """Refuse to start with fewer shards than the data uses (ARCHITECTURE rule 11): a lowered
+        """Refuse to start with fewer shards than the data uses (docs/ARCHITECTURE.md rule 11): a lowered
         SCHEDULER_SHARDS would leave every schedule on a shard >= the new count without a lease, never fired."""
         with connection.cursor() as cursor:
             cursor.execute(lease_sql.SHARDS_IN_USE)
@@ -143,8 +144,8 @@ class Materializer:
         self._next_maintenance = 0.0
 
     def complete_fired_one_offs(self, limit: int = 1000) -> int:
-        """Mark completed the one-offs whose occurrence has ended (ARCHITECTURE: a one-off is completed once it
-        fired, not once it was materialized a horizon ahead)."""
+        """Mark completed the one-offs whose occurrence has ended (docs/ARCHITECTURE.md, "Data model": a one-off
+        is completed once it fired, not once it was materialized a horizon ahead)."""
         with connection.cursor() as cursor:
             cursor.execute(materialize_sql.COMPLETE_FIRED_ONE_OFFS, {"limit": limit})
             return cursor.rowcount

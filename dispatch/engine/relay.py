@@ -1,4 +1,5 @@
-"""The relay: publishes due outbox envelopes to RabbitMQ with publisher confirms, then stamps them (rule 4).
+"""The relay: publishes due outbox envelopes to RabbitMQ with publisher confirms, then stamps them
+(docs/ARCHITECTURE.md rule 4).
 
 Publish, then forget, without a transaction open while messages are in flight (docs/DESIGN.md "Relay leases"):
 1. claim due envelopes in a short transaction that leases them to this relay (owner + expiry on the row), commit;

@@ -1,5 +1,5 @@
-"""Retry policy (ARCHITECTURE rule 6): what a handler's outcome means, how long a transient failure waits, and what
-bounds its retries besides max attempts: the occurrence deadline and the tenant's retry budget."""
+"""Retry policy (docs/ARCHITECTURE.md rule 6): what a handler's outcome means, how long a transient failure waits,
+and what bounds its retries besides max attempts: the occurrence deadline and the tenant's retry budget."""
 
 from __future__ import annotations
 

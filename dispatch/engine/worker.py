@@ -13,7 +13,7 @@ Lease renewal and the reaper of expired leases are in dispatch/engine/leases.py;
 An envelope's occurrences go through the same three steps in batches (dispatch/engine/envelope.py): `claim_many`,
 `precheck_many` and `complete_many` take the same decisions for many rows in one statement each.
 
-Every state change is one conditional UPDATE with a row-count check (ARCHITECTURE rules 5, 6, 8, 9).
+Every state change is one conditional UPDATE with a row-count check (docs/ARCHITECTURE.md rules 5, 6, 8, 9 and 14).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The built-in `webhook` handler: POST the payload as JSON, keyed for the receiver's deduplication.
 
 The receiver gets `Idempotency-Key: <occurrence_id>`, the same on every retry, failover and replay: at-least-once
-delivery becomes one business effect only where the receiver deduplicates on it (seed 000).
+delivery becomes one business effect only where the receiver deduplicates on it (docs/ARCHITECTURE.md rule 5).
 
 `timeout_seconds` is a deadline for the whole call (connect, sending, the status line, the headers and the body),
 and the worker's cancel event ends a call in flight at once (dispatch/handlers/http_call.py). A call that did not

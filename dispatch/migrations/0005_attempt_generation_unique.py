@@ -1,4 +1,5 @@
-"""UNIQUE(occurrence, generation) on attempts (ARCHITECTURE, data model): one attempt row per fencing generation.
+"""UNIQUE(occurrence, generation) on attempts (docs/ARCHITECTURE.md, data model): one attempt row per fencing
+generation.
 
 dispatch_attempt is partitioned by scheduled_for, so the key must contain it: (occurrence_id, scheduled_for,
 generation). It supersedes the plain index attempt_occurrence (occurrence_id, generation), which is dropped: every

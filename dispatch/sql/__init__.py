@@ -29,7 +29,7 @@ LEFT JOIN LATERAL (
 ) AS v ON true
 """
 
-# PostgreSQL's clock: the one every node agrees on (ARCHITECTURE rule 1).
+# PostgreSQL's clock: the one every node agrees on (docs/ARCHITECTURE.md rule 1).
 DB_NOW = "SELECT clock_timestamp()"
 
 

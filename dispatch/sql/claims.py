@@ -20,7 +20,7 @@ from dispatch.sql import OWN_VERSION_SNAPSHOT
 # --- claim -----------------------------------------------------------------------------------------------------
 
 # Serialises the overlap decision of all occurrences of one schedule: with the row held, two occurrences can never
-# both see "no predecessor running" (ARCHITECTURE rule 8). Taken only for skip_if_running / queue_one.
+# both see "no predecessor running" (docs/ARCHITECTURE.md rule 8). Taken only for skip_if_running / queue_one.
 LOCK_SCHEDULE = """
 SELECT overlap_policy FROM schedules_schedule WHERE id = %(schedule_id)s FOR UPDATE
 """
@@ -215,8 +215,8 @@ WHERE occurrence_id = %(occurrence_id)s AND scheduled_for = %(scheduled_for)s AN
 
 # --- run -------------------------------------------------------------------------------------------------------
 
-# Right before the side effect (ARCHITECTURE rule 5): is the schedule still this version and not canceled, and is
-# the occurrence still ours (same generation, running)?
+# Right before the side effect (docs/ARCHITECTURE.md rule 5): is the schedule still this version and not canceled,
+# and is the occurrence still ours (same generation, running)?
 PRECHECK = """
 SELECT s.state, s.version, o.state, o.attempt_count, o.forced OR o.kept
 FROM dispatch_occurrence AS o
@@ -338,8 +338,8 @@ WHERE occurrence_id = %(occurrence_id)s AND scheduled_for = %(scheduled_for)s
 FOR UPDATE
 """
 
-# Fencing (ARCHITECTURE rule 5): only the current generation, still running, may complete. Zero rows means a
-# newer attempt owns the occurrence (or the reaper took it): the completion is refused. The reason of a cancel is
+# Fencing (docs/ARCHITECTURE.md rule 5): only the current generation, still running, may complete. Zero rows means
+# a newer attempt owns the occurrence (or the reaper took it): the completion is refused. The reason of a cancel is
 # read from the schedule only on that (rare) path; every other outcome's reason comes from the caller.
 COMPLETE = """
 UPDATE dispatch_occurrence AS o

@@ -56,7 +56,7 @@ RETURNING l.shard, l.generation
 """
 
 # Free or expired shards, lowest first; SKIP LOCKED lets two newcomers claim disjoint sets at the same time.
-# The generation grows on every change of owner: that is the fencing token of rule 3.
+# The generation grows on every change of owner: that is the fencing token of docs/ARCHITECTURE.md rule 3.
 CLAIM_SHARD_LEASES = """
 UPDATE dispatch_shardlease AS l
 SET owner = %(owner)s, generation = l.generation + 1,

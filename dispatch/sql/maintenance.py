@@ -9,7 +9,8 @@ from __future__ import annotations
 # The same transition as services.replay_dead_occurrence, for a batch: dead -> scheduled, forced, available now.
 # SKIP LOCKED: a row another replay (or the API) holds is left to it. Occurrences of a canceled schedule stay dead
 # (workers would drop them), and are counted separately. `o.state = 'dead'` is re-checked in the UPDATE so a row
-# that changed since the subquery read it is not touched (ARCHITECTURE: every transition is conditional).
+# that changed since the subquery read it is not touched (docs/ARCHITECTURE.md rule 14: every transition is
+# conditional).
 REPLAY_DEAD_BATCH = """
 WITH picked AS (
     SELECT o.occurrence_id, o.scheduled_for
@@ -248,8 +249,8 @@ LIMIT %(limit)s
 
 # --- stuck occurrences (dispatch/stuck.py) -------------------------------------------------------------------------
 
-# "Stuck" (API.md, Commands): still scheduled or enqueued S seconds after its release instant, running with a lease
-# that expired S seconds ago, or in retry_wait S seconds past its retry time. The scheduled_for range bounds the
+# "Stuck" (docs/API.md, "Commands"): still scheduled or enqueued S seconds after its release instant, running with a
+# lease that expired S seconds ago, or in retry_wait S seconds past its retry time. The scheduled_for range bounds the
 # scan to the window's day partitions (BRIN occurrence_scheduled_brin); scheduled_for <= available_at always, so
 # nothing stuck lies after the cutoff. Keyset pagination on (scheduled_for, occurrence_id) keeps pages cheap.
 FIND_STUCK = """

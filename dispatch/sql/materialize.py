@@ -1,4 +1,4 @@
-"""Materialization: read due schedule cursors, write occurrences, advance the cursors (ARCHITECTURE rule 3).
+"""Materialization: read due schedule cursors, write occurrences, advance the cursors (docs/ARCHITECTURE.md rule 3).
 
 Conventions (all of dispatch/sql/): every statement is one round trip for a whole batch (arrays in, `unnest`
 inside); rows are claimed with `FOR UPDATE SKIP LOCKED` so concurrent processes split work instead of queueing on

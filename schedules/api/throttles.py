@@ -40,7 +40,7 @@ class _RateBudget(SimpleRateThrottle):
 
     def wait(self) -> float:
         # DRF sends no Retry-After when the wait is None (a history longer than a lowered rate: then the whole
-        # window) or rounds to 0; API.md promises one with every 429.
+        # window) or rounds to 0; docs/API.md ("Errors") promises one with every 429.
         waited = super().wait()
         if waited is None:
             waited = self.parse_rate(self.rate)[1] or 1

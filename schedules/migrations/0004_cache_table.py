@@ -2,7 +2,8 @@
 every web process must share. The DDL is what `createcachetable` writes, made UNLOGGED: counters are cheap to lose
 in a crash (a budget starts over) and not worth a WAL record per API request.
 
-A migration rather than a `createcachetable` step, because `migrate` alone makes a fresh database ready (API.md). As
+A migration rather than a `createcachetable` step, because `migrate` alone makes a fresh database ready (docs/API.md,
+"Commands"). As
 a migration of a shared app it runs in the public schema only, which every tenant's search path ends with.
 """
 

@@ -1,4 +1,4 @@
-"""Every call of the schedules API (API.md "Schedules") as one tenant sees it, with the keys of the contract."""
+"""Every call of the schedules API (docs/API.md "Schedules") as one tenant sees it, with the keys of the contract."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The misfire policy at claim time (ARCHITECTURE rule 12): a fire delivered later than its version's max lateness,
-because the relay, the broker or the workers were down, meets the same policy the materializer would apply."""
+"""The misfire policy at claim time (docs/ARCHITECTURE.md rule 12): a fire delivered later than its version's max
+lateness, because the relay, the broker or the workers were down, meets the same policy the materializer would
+apply."""
 
 from __future__ import annotations
 

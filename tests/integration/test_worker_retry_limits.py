@@ -1,5 +1,5 @@
-"""What bounds retries besides max attempts (ARCHITECTURE rule 6): the occurrence deadline and the tenant's retry
-budget. Past the deadline an occurrence goes dead; over the budget its retry is delayed, never dropped."""
+"""What bounds retries besides max attempts (docs/ARCHITECTURE.md rule 6): the occurrence deadline and the tenant's
+retry budget. Past the deadline an occurrence goes dead; over the budget its retry is delayed, never dropped."""
 
 from __future__ import annotations
 

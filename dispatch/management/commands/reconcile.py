@@ -62,7 +62,7 @@ class Command(BaseCommand):
         else:
             self._summary(report, options["tenant"])
         if not report.ok:
-            # Exit code 1 is the contract (API.md): monitoring runs this and alerts on it.
+            # Exit code 1 is the contract (docs/API.md, "Commands"): monitoring runs this and alerts on it.
             sys.exit(1)
 
     def _summary(self, report: ReconcileReport, tenant: str | None) -> None:
