@@ -76,6 +76,12 @@ def virtual_finish(fires_so_far: int, weight: int) -> float:
     return fires_so_far / max(1, weight)
 
 
+def lock_running_rows(cursor, tenant_ids: list[int]) -> None:
+    """Lock the running counts of `tenant_ids` in tenant_id order, for a transaction about to give back some tenants'
+    slots and take others' (dispatch/sql/quotas.py LOCK_RUNNING_ROWS)."""
+    cursor.execute(quota_sql.LOCK_RUNNING_ROWS, {"tenant_ids": sorted(set(tenant_ids))})
+
+
 def release_running_slots(cursor, tenant_ids: list[int]) -> None:
     """Give back one running slot per entry of `tenant_ids` (a tenant may repeat), in the caller's transaction that
     moved those occurrences out of running; call it as that transaction's last statement (see dispatch/sql/quotas)."""

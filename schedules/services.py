@@ -214,13 +214,17 @@ def schedules_held(tenant_id: int) -> int:
     return int(row[0]) if row else 0
 
 
+def _lock_tenant(tenant_id: int) -> Tenant:
+    return Tenant.objects.select_for_update().get(pk=tenant_id)
+
+
 def _claim_quota_slot(tenant_id: int) -> Tenant:
     """Lock the tenant row and check that one more schedule fits its quota (active + paused); raise QuotaExceeded.
 
     The tenant row lock serialises the writers that add to the count (creates, reactivations), so two racing
     requests cannot both pass the check with one slot left.
     """
-    locked_tenant = Tenant.objects.select_for_update().get(pk=tenant_id)
+    locked_tenant = _lock_tenant(tenant_id)
     held = schedules_held(locked_tenant.pk)
     if held >= locked_tenant.max_schedules:
         raise QuotaExceeded(
@@ -243,6 +247,11 @@ def update_schedule(
     """Apply a partial definition change as a new version; future fires follow it, older unclaimed ones go."""
     with transaction.atomic():
         now = now or db_now()
+        if schedule.kind == Kind.ONCE or schedule.state == ScheduleState.COMPLETED:
+            # An update may revive a completed one-off, which claims a quota slot on the tenant row. The tenant row
+            # comes before the schedule row (docs/ARCHITECTURE.md, "Lock order"), as for a create and a tenant's
+            # deletion, so this update and a deletion of its tenant cannot deadlock.
+            _lock_tenant(schedule.tenant_id)
         schedule = _lock_for_change(schedule, now)
         if schedule.state == ScheduleState.CANCELED:
             raise StateConflict("A canceled schedule cannot be changed.")

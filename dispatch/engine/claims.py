@@ -45,7 +45,7 @@ from dispatch.engine.claim_rules import (
 )
 from dispatch.engine.retry import deadline_of
 from dispatch.models import TERMINAL_STATES, OccurrenceState
-from dispatch.quotas import release_running_slots
+from dispatch.quotas import lock_running_rows, release_running_slots
 from dispatch.sql import PreparedCursor
 from dispatch.sql import claims as claim_sql
 from dispatch.sql import quotas as quota_sql
@@ -205,6 +205,8 @@ def claim_many(
             return EnvelopeClaim(alone=list(pairs), tenant_id=result.tenant_id)
         # The tenants' counter rows last (the expired runs' slots back, then this batch's): they are held only to
         # the commit, not while the claims above are written (see dispatch/sql/quotas.py).
+        if left_running:
+            lock_running_rows(cursor, left_running + [entry[1].tenant_id for entry in claimed])
         release_running_slots(cursor, left_running)
         result.claims = _within_running_quota(cursor, claimed, result, worker_name)
     for occurrence_id, drop in result.drops:
