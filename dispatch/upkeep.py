@@ -74,8 +74,10 @@ DEAD_TUPLE_SERIES = 10
 _DAY_SUFFIX = re.compile(r"_p\d{8}$")
 
 
-def vacuum_threshold(live_rows: float) -> float:
-    return settings.SCHEDULER_VACUUM_DEAD_TUPLES + VACUUM_SCALE * live_rows
+def vacuum_threshold(live_rows: float, base: int = 0) -> float:
+    """Dead rows past which the upkeep vacuums a table (the SQL passes the same scale); `base` raises the fixed
+    part, as the health check does."""
+    return max(settings.SCHEDULER_VACUUM_DEAD_TUPLES, base) + VACUUM_SCALE * live_rows
 
 
 def table_label(relname: str) -> str:
@@ -339,7 +341,7 @@ def vacuum_health(cursor) -> tuple[str, list[str], list[str]]:
     cursor.execute(maintenance_sql.DEAD_TUPLES, {"limit": 2 * DEAD_TUPLE_SERIES})
     reasons = []
     for relname, dead_rows, live_rows, looked_after in cursor.fetchall():
-        threshold = max(settings.SCHEDULER_VACUUM_DEAD_TUPLES, HEALTH_BASE_DEAD_TUPLES) + VACUUM_SCALE * live_rows
+        threshold = vacuum_threshold(live_rows, HEALTH_BASE_DEAD_TUPLES)
         if not looked_after and dead_rows > BEHIND_FACTOR * threshold:
             reasons.append(
                 f"table {relname} has {dead_rows} dead row versions, over {BEHIND_FACTOR} times its vacuum threshold "

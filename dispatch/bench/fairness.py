@@ -18,7 +18,8 @@ from typing import Any
 
 from django.db import connection
 
-from dispatch.bench.burst import BENCH_TENANT_PREFIX, UNTHROTTLED, BurstBenchmark, BurstConfig
+from dispatch.bench.burst import BurstBenchmark, BurstConfig
+from dispatch.bench.rows import BENCH_TENANT_PREFIX, UNTHROTTLED
 from tenants.models import Tenant
 from tenants.services import provision_tenant
 

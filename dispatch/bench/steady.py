@@ -31,8 +31,8 @@ from typing import Any
 from django.db import connection, transaction
 from tqdm import tqdm
 
-from dispatch.bench.burst import BENCH_TENANT_PREFIX, SCHEDULE_COLUMNS, UNTHROTTLED, schedule_row
 from dispatch.bench.drain import DrainBenchmark, DrainConfig
+from dispatch.bench.rows import BENCH_TENANT_PREFIX, SCHEDULE_COLUMNS, UNTHROTTLED, schedule_row
 from dispatch.bench.sampling import Readings, Sampler
 from dispatch.bench.steady_stats import settle_buckets, steady_stats
 from dispatch.engine.relay import database_conninfo

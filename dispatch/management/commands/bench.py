@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dispatch.bench.burst import BenchRefused, BurstBenchmark, BurstConfig
+from dispatch.bench.burst import BurstBenchmark, BurstConfig
 from dispatch.bench.celery_noop import CeleryNoopBenchmark, CeleryNoopConfig
 from dispatch.bench.drain import DrainBenchmark, DrainConfig
 from dispatch.bench.fairness import FairnessBenchmark, FairnessConfig
@@ -24,6 +24,7 @@ from dispatch.bench.peer_beat import (
     run_under_bench_settings,
 )
 from dispatch.bench.processes import result_line
+from dispatch.bench.rows import BenchRefused
 from dispatch.bench.steady import SteadyBenchmark, SteadyConfig
 
 
