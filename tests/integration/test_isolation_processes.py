@@ -104,9 +104,13 @@ def test_a_tenant_whose_webhooks_hang_does_not_delay_another_tenants_fires(
     late = {a.occurrence_id: (a.started_at - released[a.occurrence_id]).total_seconds() for a in b_attempts}
     assert max(late.values()) <= ON_TIME_SECONDS, sorted(late.values())[-5:]
     a_attempts = list(Attempt.objects.filter(occurrence_id__in=[o.occurrence_id for o in hanging]))
-    for batch in on_time:
-        first_start = min(a.started_at for a in b_attempts if a.occurrence_id in {o.occurrence_id for o in batch})
-        assert any(a.started_at < first_start < a.finished_at for a in a_attempts), "B ran while A's calls hung"
+    # Every batch of B ran while A's backlog was outstanding; the first one while A's first calls were on the wire.
+    # (Between A's rounds its envelopes wait for their share of the pool, so a later batch may fall in that wait.)
+    started = {a.occurrence_id: a.started_at for a in b_attempts}
+    starts = [min(started[o.occurrence_id] for o in batch) for batch in on_time]
+    assert any(a.started_at < starts[0] < a.finished_at for a in a_attempts), "B ran while A's calls hung"
+    a_window = (min(a.started_at for a in a_attempts), max(a.finished_at for a in a_attempts))
+    assert all(a_window[0] < start < a_window[1] for start in starts), "B's later fires ran within A's backlog"
 
     # A: no call is a success; each ended at its deadline, one attempt each (waiting for a share of the pool, or
     # handed back to the queue, costs none).
