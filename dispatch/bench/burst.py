@@ -26,7 +26,7 @@ from kombu import Connection as BrokerConnection
 from tqdm import tqdm
 
 from dispatch.bench.measure import BurstMeasurements
-from dispatch.bench.processes import PROJECT_ROOT, children_rss_peak_mb, database_url
+from dispatch.bench.processes import PROJECT_ROOT, children_rss_peak_mb, database_url, start_child
 from dispatch.bench.rows import (
     BENCH_FLEXIBLE_QUEUE,
     BENCH_STRICT_QUEUE,
@@ -326,16 +326,14 @@ class BurstBenchmark(BurstMeasurements):
             self.processes.append(
                 (
                     f"materializer-{n + 1}",
-                    subprocess.Popen(
-                        [*manage, "materialize", "--name", f"bench-materializer-{n + 1}"], env=env, cwd=PROJECT_ROOT
-                    ),
+                    start_child([*manage, "materialize", "--name", f"bench-materializer-{n + 1}"], env=env),
                 )
             )
         for n in range(self.config.relays):
             self.processes.append(
                 (
                     f"relay-{n + 1}",
-                    subprocess.Popen([*manage, "relay", "--name", f"bench-relay-{n + 1}"], env=env, cwd=PROJECT_ROOT),
+                    start_child([*manage, "relay", "--name", f"bench-relay-{n + 1}"], env=env),
                 )
             )
 

@@ -28,7 +28,7 @@ from django.conf import settings
 from kombu import Connection, Exchange, Producer, Queue
 from tqdm import tqdm
 
-from dispatch.bench.processes import PROJECT_ROOT, rss_peak_mb
+from dispatch.bench.processes import PROJECT_ROOT, rss_peak_mb, start_child
 
 NOOP_TASK = "bench.celery_noop"
 # Where each pool process of the bench's worker reports its runs (the bench sets it for the worker it starts).
@@ -141,7 +141,7 @@ class CeleryNoopBenchmark:
         command = [sys.executable, "-m", "celery", "-A", "scheduler_project", "worker", "--pool=prefork"]
         command += ["-c", str(self.config.concurrency), "-Q", self.queue, "-I", __name__, "--loglevel=WARNING"]
         command += ["--without-mingle", "--without-gossip", "-n", f"bench-noop-{uuid.uuid4().hex[:6]}@%h"]
-        worker = subprocess.Popen(command, env=env, cwd=PROJECT_ROOT, start_new_session=True)
+        worker = start_child(command, env=env, start_new_session=True)
         peak = None
         try:
             deadline = time.monotonic() + self.config.deadline_seconds

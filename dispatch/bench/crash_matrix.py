@@ -31,7 +31,7 @@ from pathlib import Path
 from django.conf import settings
 
 from dispatch.bench.effects import EFFECT_HANDLER, effects, ensure_effects_table
-from dispatch.bench.processes import PROJECT_ROOT, database_url
+from dispatch.bench.processes import PROJECT_ROOT, database_url, start_child
 from dispatch.engine.faults import FAULT_EXIT_CODE, POINTS
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OccurrenceState
@@ -83,8 +83,8 @@ class Role:
             # relay pass theirs about once per iteration (one batch).
             env["SCHEDULER_FAULT_AFTER"] = str(random.randint(1, 3) if self.name == "worker" else 1)
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.command, env=env, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            self.process = start_child(
+                self.command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
 
     @property

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from dispatch.bench.burst import BurstBenchmark, BurstConfig
 from dispatch.bench.effects import EFFECT_HANDLER, effects, ensure_effects_table
-from dispatch.bench.processes import PROJECT_ROOT, children_rss_peak_mb
+from dispatch.bench.processes import PROJECT_ROOT, children_rss_peak_mb, start_child
 from schedules.clock import db_now
 
 # Short occurrence leases, so the work of a killed worker is reaped and retried within seconds.
@@ -66,7 +66,7 @@ class DrainBenchmark(BurstBenchmark):
             command += ["-c", str(self.config.concurrency), "--without-mingle", "--without-gossip"]
             command += ["--loglevel=WARNING", "-n", f"bench-worker-{n + 1}-{uuid.uuid4().hex[:6]}@%h"]
             # A session of its own: a SIGKILL of the group takes the pool children too, as a machine's death would.
-            process = subprocess.Popen(command, env=env, cwd=PROJECT_ROOT, start_new_session=True)
+            process = start_child(command, env=env, start_new_session=True)
             self.workers.append((f"worker-{n + 1}", process))
 
     def stop_processes(self) -> dict[str, float | None]:

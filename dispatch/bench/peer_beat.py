@@ -49,7 +49,7 @@ from kombu import Connection as BrokerConnection
 from kombu import Consumer, Exchange, Queue
 from tqdm import tqdm
 
-from dispatch.bench.processes import PROJECT_ROOT, database_url, rss_peak_mb
+from dispatch.bench.processes import PROJECT_ROOT, database_url, rss_peak_mb, start_child
 
 # Named after the database, as the other benchmarks' queues are: runs on two databases never share a queue.
 PEER_QUEUE = f"bench.{settings.DATABASES['default']['NAME']}.peer"
@@ -171,10 +171,9 @@ def run_under_bench_settings(config: PeerBeatConfig, out: IO[str] | OutputWrappe
     }
     # A session of its own: a terminal's Ctrl-C reaches only this process, which passes it on exactly once (a
     # second SIGINT would cut short the child's cleanup). Beat, the child's child, shares the child's group.
-    child = subprocess.Popen(
+    child = start_child(
         child_command(config),
         env=env,
-        cwd=PROJECT_ROOT,
         stdout=subprocess.PIPE,
         text=True,
         bufsize=1,
@@ -327,7 +326,7 @@ class PeerBeatBenchmark:
         command = [sys.executable, "-m", "celery", "-A", "scheduler_project", "beat", "-S", BEAT_SCHEDULER]
         command += ["--loglevel", "WARNING"]
         with os.fdopen(handle, "w") as log:
-            self.beat = subprocess.Popen(command, env=env, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT)
+            self.beat = start_child(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def stop_beat(self) -> float | None:
         """Beat's peak RSS and CPU time, then SIGTERM (beat writes its dirty rows back on exit, no longer needed)."""

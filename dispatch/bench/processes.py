@@ -3,13 +3,34 @@ use, their peak memory, and the one JSON line a benchmark ends with."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
 from django.db import connection
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def start_child(command: list[str], **popen: Any) -> subprocess.Popen:
+    """Start one of a benchmark's processes so that it cannot outlive the benchmark: the kernel sends it SIGTERM
+    when the benchmark dies, even by SIGKILL. A relay or worker left behind would go on consuming and publishing
+    on the next run's queues and database (which reuse its names), and count as that run's duplicates."""
+    parent = os.getpid()
+
+    def die_with_parent() -> None:  # runs in the child between fork and exec
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the benchmark died before the request took effect
+            os._exit(1)
+
+    return subprocess.Popen(command, cwd=PROJECT_ROOT, preexec_fn=die_with_parent, **popen)
 
 
 def rss_peak_mb(pid: int) -> float | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,34 @@ PROMISED_KEYS = {
     "peer-beat": {"tasks", "enqueued", "lost", "lag_p50_s", "lag_p99_s", "lag_max_s", "dispatch_per_s"},
 }
 RUN_TIMEOUT_SECONDS = 300
+# The fairness bench runs where a real tenant already lives (a schedule due in two days and a paused hourly one):
+# it must run beside them and leave every row of theirs as it found it.
+OTHER_TENANT = "other-1"
+_OTHER_TENANT_SETUP = f"""
+from datetime import timedelta
+from schedules.clock import db_now
+from schedules.models import Schedule
+from schedules.services import create_schedule, pause_schedule
+from tenants.services import provision_tenant
+tenant = provision_tenant("{OTHER_TENANT}", domain="{OTHER_TENANT}.localhost").tenant
+run_at = db_now() + timedelta(days=2)
+create_schedule(tenant=tenant, actor="test", data=dict(name="later", kind="once", run_at=run_at, handler="noop"))
+hourly, _ = create_schedule(
+    tenant=tenant, actor="test", data=dict(name="hourly", kind="cron", cron="0 * * * *", timezone="UTC", handler="noop")
+)
+pause_schedule(Schedule.objects.get(pk=hourly.pk), actor="test")
+"""
+# What the other tenant owns, counted per table (the bench must change none of it).
+_OTHER_TENANT_ROWS = """
+SELECT (SELECT count(*) FROM schedules_schedule WHERE tenant_id = t.id),
+       (SELECT count(*) FROM schedules_schedule WHERE tenant_id = t.id AND state = 'paused'),
+       (SELECT count(*) FROM schedules_scheduleversion v JOIN schedules_schedule s ON s.id = v.schedule_id
+         WHERE s.tenant_id = t.id),
+       (SELECT count(*) FROM schedules_schedulecursor WHERE tenant_id = t.id),
+       (SELECT count(*) FROM dispatch_occurrence WHERE tenant_id = t.id),
+       (SELECT count(*) FROM dispatch_outboxmessage WHERE tenant_id = t.id)
+FROM tenants_tenant t WHERE t.slug = %s
+"""
 
 
 @dataclass
@@ -61,6 +90,10 @@ class BenchRun:
     database: str
     process: subprocess.Popen
     log: str = ""
+    # The other tenant's row counts before and after the run, and the bench tenants left after it (fairness).
+    others_before: list[tuple] | None = None
+    others_after: list[tuple] | None = None
+    bench_tenants_after: list[tuple] | None = None
 
     def result(self) -> dict:
         lines = self.log.strip().splitlines()
@@ -109,6 +142,23 @@ def _fresh_database(name: str) -> None:
     assert done.returncode == 0, f"migrate of {name} failed:\n{done.stderr[-4000:]}"
 
 
+def _manage(database: str, *args: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        env=_bench_env(database),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, f"manage.py {args[0]} on {database} failed:\n{done.stderr[-4000:]}"
+
+
+def _query(database: str, statement: str, params: list) -> list[tuple]:
+    with psycopg.connect(_database_url(database)) as conn:
+        return conn.execute(statement, params).fetchall()
+
+
 def _drop_database(name: str) -> None:
     with _admin_connection() as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
@@ -123,6 +173,10 @@ def bench_runs() -> Iterator[dict[str, BenchRun]]:
         for name in BENCHES:
             database = f"{base}_{name.replace('-', '_')}"
             _fresh_database(database)
+            others_before = None
+            if name == "fairness":
+                _manage(database, "shell", "-c", _OTHER_TENANT_SETUP)
+                others_before = _query(database, _OTHER_TENANT_ROWS, [OTHER_TENANT])
             process = subprocess.Popen(
                 [sys.executable, str(ROOT / "manage.py"), "bench", *BENCHES[name]],
                 env=_bench_env(database),
@@ -131,7 +185,7 @@ def bench_runs() -> Iterator[dict[str, BenchRun]]:
                 stderr=subprocess.STDOUT,
                 text=True,
             )
-            runs[name] = BenchRun(name, database, process)
+            runs[name] = BenchRun(name, database, process, others_before=others_before)
         deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
         for run in runs.values():
             try:
@@ -139,6 +193,12 @@ def bench_runs() -> Iterator[dict[str, BenchRun]]:
             except subprocess.TimeoutExpired:
                 run.process.kill()
                 run.log, _ = run.process.communicate()
+        for run in runs.values():
+            if run.others_before is not None:
+                run.others_after = _query(run.database, _OTHER_TENANT_ROWS, [OTHER_TENANT])
+                run.bench_tenants_after = _query(
+                    run.database, "SELECT slug FROM tenants_tenant WHERE slug LIKE %s", ["bench-%"]
+                )
         yield runs
     finally:
         for run in runs.values():
@@ -158,7 +218,7 @@ def test_the_benchmark_runs_and_its_json_line_has_the_promised_keys(bench_runs, 
 def test_burst_went_through_a_real_materializer_and_relay_to_the_broker(bench_runs):
     result = bench_runs["burst"].result()
     assert result["schedules"] == result["enqueued"] == 300
-    assert result["lost_on_broker"] == 0 and result["duplicates"] == 0
+    assert result["lost_on_broker"] == 0 and result["duplicates"] == 0, bench_runs["burst"].log[-3000:]
     assert result["broker_messages"] >= 2  # 300 fires in messages of at most 250, read back from the queue
     assert result["materialize_per_s"] > 0
     assert set(result["peak_rss_mb"]) == {"materializer-1", "relay-1"}
@@ -183,6 +243,16 @@ def test_fairness_measured_both_tenants_apart(bench_runs):
     assert result["big_lost"] == result["small_lost"] == 0
     assert set(result["peak_rss_mb"]) == {"materializer-1", "relay-1"}
     assert result["small_lag_p99_s"] < 90
+
+
+def test_fairness_ran_beside_another_tenant_and_left_its_rows_as_they_were(bench_runs):
+    run = bench_runs["fairness"]
+    run.result()
+    [(schedules, paused, versions, cursors, _occurrences, _envelopes)] = run.others_before
+    assert (schedules, paused, cursors) == (2, 1, 1), "set up: two schedules, one paused (no cursor while paused)"
+    assert versions >= 2
+    assert run.others_after == run.others_before, "the bench touched none of the other tenant's rows"
+    assert run.bench_tenants_after == [], "and removed its own tenants"
 
 
 def test_steady_ran_every_fire_of_its_window_through_every_process(bench_runs):
@@ -214,3 +284,54 @@ def test_peer_beat_delivered_every_task_through_beat(bench_runs):
     assert result["peak_rss_mb"] > 20  # beat itself, a process of its own
     assert 0 <= result["lag_p50_s"] <= result["lag_p99_s"] <= result["lag_max_s"] < 90
     assert len((LAGS_DIR / "peer-beat.txt").read_text().splitlines()) == 30
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_killed_benchmark_takes_its_processes_with_it(how):
+    """Left behind, a bench's relay kept publishing the next run's envelopes (same database and queue names)."""
+    database = f"{settings.DATABASES['default']['NAME']}_bench_killed_{how.lower()}"
+    _fresh_database(database)
+    bench = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "bench", "burst", "--schedules", "50", "--tenants", "1", *TINY],
+        env=_bench_env(database),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(children := _children(bench.pid)) < 2 and time.monotonic() < deadline:
+            assert bench.poll() is None, bench.communicate()[0][-3000:]
+            time.sleep(0.2)
+        assert len(children) == 2, "the bench started its materializer and relay"
+        time.sleep(2)  # past their start-up, into their loops
+        bench.send_signal(getattr(signal, how))
+        output, _ = bench.communicate(timeout=60)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(pid) for pid in children), f"left running after {how} of the bench"
+        if how == "SIGTERM":
+            assert bench.returncode == 1
+            assert "interrupted: the processes the run started were stopped" in output
+            assert "Traceback" not in output
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+        _drop_database(database)

@@ -5,6 +5,7 @@ The commands and measured figures are in docs/BENCHMARKS.md.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,17 @@ class Command(BaseCommand):
         peer.add_argument("--lags-out", type=Path, default=None, help="write each message's lag (s), one per line")
 
     def handle(self, *args, **options) -> None:
+        # SIGTERM (a supervisor, a CI timeout) stops the run as Ctrl-C does: the processes it started are stopped
+        # on the way out rather than left running (they also die with it if it is SIGKILLed).
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            self.run_bench(options)
+        except KeyboardInterrupt:
+            raise CommandError(
+                "interrupted: the processes the run started were stopped; its rows are removed by the next run"
+            ) from None
+
+    def run_bench(self, options: dict[str, Any]) -> None:
         if options["bench"] == "celery-noop":
             self.handle_celery_noop(options)
         if options["bench"] == "burst":
@@ -293,3 +305,7 @@ def peer_beat_config(options: dict[str, Any]) -> PeerBeatConfig:
         if not lags_out.resolve().parent.is_dir():
             raise CommandError(f"--lags-out {lags_out}: the directory {lags_out.resolve().parent} does not exist")
     return PeerBeatConfig(tasks=options["tasks"], deadline_seconds=options["deadline"], lags_out=lags_out)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
