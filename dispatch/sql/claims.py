@@ -25,6 +25,19 @@ LOCK_SCHEDULE = """
 SELECT overlap_policy FROM schedules_schedule WHERE id = %(schedule_id)s FOR UPDATE
 """
 
+# What a claim reads of an occurrence and its schedule (LOCK_OCCURRENCE, one row; LOCK_OCCURRENCES, a batch): the
+# occurrence's state, the schedule as it is now, the definition of the occurrence's own version (the snapshot joined
+# as v by OWN_VERSION_SNAPSHOT, else the schedule row) and the instant the claim decides at.
+CLAIM_COLUMNS = """o.state, o.attempt_count, o.lease_expires_at, o.available_at, o.schedule_version, o.tenant_id,
+       o.lane, o.priority, o.manual, o.forced, o.kept, o.throttled, s.id, s.state, s.version, s.overlap_policy,
+       COALESCE(v.definition ->> 'handler', s.handler),
+       COALESCE(v.definition -> 'payload', s.payload),
+       COALESCE((v.definition ->> 'max_attempts')::int, s.max_attempts),
+       COALESCE(v.definition ->> 'misfire_policy', s.misfire_policy),
+       COALESCE((v.definition ->> 'max_lateness_seconds')::int, s.max_lateness_seconds),
+       COALESCE((v.definition ->> 'catchup_limit')::int, s.catchup_limit),
+       COALESCE(%(now)s::timestamptz, clock_timestamp())"""
+
 # The occurrence row locked for the claim transaction, with the schedule as it is now (version re-check) and the
 # instant every decision of this claim uses.
 # The definition it runs under is its own version's: a backfilled or replayed fire of version 1 must not run
@@ -39,15 +52,9 @@ SELECT overlap_policy FROM schedules_schedule WHERE id = %(schedule_id)s FOR UPD
 # whatever version each was created under.
 LOCK_OCCURRENCE = (
     """
-SELECT o.state, o.attempt_count, o.lease_expires_at, o.available_at, o.schedule_version, o.tenant_id, o.lane,
-       o.priority, o.manual, o.forced, o.kept, o.throttled, s.id, s.state, s.version, s.overlap_policy,
-       COALESCE(v.definition ->> 'handler', s.handler),
-       COALESCE(v.definition -> 'payload', s.payload),
-       COALESCE((v.definition ->> 'max_attempts')::int, s.max_attempts),
-       COALESCE(v.definition ->> 'misfire_policy', s.misfire_policy),
-       COALESCE((v.definition ->> 'max_lateness_seconds')::int, s.max_lateness_seconds),
-       COALESCE((v.definition ->> 'catchup_limit')::int, s.catchup_limit),
-       COALESCE(%(now)s::timestamptz, clock_timestamp())
+SELECT """
+    + CLAIM_COLUMNS
+    + """
 FROM dispatch_occurrence AS o
 JOIN schedules_schedule AS s ON s.id = o.schedule_id
 """
@@ -64,15 +71,9 @@ FOR UPDATE OF o
 # workers locking overlapping sets cannot deadlock.
 LOCK_OCCURRENCES = (
     """
-SELECT mine.position, o.state, o.attempt_count, o.lease_expires_at, o.available_at, o.schedule_version, o.tenant_id,
-       o.lane, o.priority, o.manual, o.forced, o.kept, o.throttled, s.id, s.state, s.version, s.overlap_policy,
-       COALESCE(v.definition ->> 'handler', s.handler),
-       COALESCE(v.definition -> 'payload', s.payload),
-       COALESCE((v.definition ->> 'max_attempts')::int, s.max_attempts),
-       COALESCE(v.definition ->> 'misfire_policy', s.misfire_policy),
-       COALESCE((v.definition ->> 'max_lateness_seconds')::int, s.max_lateness_seconds),
-       COALESCE((v.definition ->> 'catchup_limit')::int, s.catchup_limit),
-       COALESCE(%(now)s::timestamptz, clock_timestamp())
+SELECT mine.position, """
+    + CLAIM_COLUMNS
+    + """
 FROM unnest(%(occurrence_ids)s::uuid[], %(scheduled_fors)s::timestamptz[])
      WITH ORDINALITY AS mine(occurrence_id, scheduled_for, position)
 JOIN dispatch_occurrence AS o ON o.occurrence_id = mine.occurrence_id AND o.scheduled_for = mine.scheduled_for
