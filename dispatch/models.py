@@ -154,7 +154,10 @@ class OutboxMessage(models.Model):
     # the backoff, so a queue that refuses everything is retried a few times a minute, not every step.
     publish_failures = models.PositiveIntegerField(default=0, db_default=0)
     retry_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    # PostgreSQL's clock, as a default: the materializer writes envelopes by COPY, which names no function.
+    created_at = models.DateTimeField(
+        db_default=models.Func(function="clock_timestamp", output_field=models.DateTimeField())
+    )
 
     class Meta:
         indexes = [

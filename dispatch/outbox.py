@@ -18,6 +18,7 @@ from django.conf import settings
 
 from dispatch.envelopes import encode_body
 from dispatch.queues import FLEXIBLE_QUEUE, queue_for_lane
+from dispatch.sql import copy_rows
 from dispatch.sql import outbox as outbox_sql
 
 
@@ -111,11 +112,13 @@ def enqueue(cursor, fires: list[Fire], size: int | None = None) -> int:
     """Pack fires into envelopes and insert them into the outbox, in the caller's transaction; returns envelopes."""
     envelopes = pack(fires, size)
     if envelopes:
-        cursor.executemany(
-            outbox_sql.INSERT_OUTBOX,
-            [
+        copy_rows(
+            cursor,
+            outbox_sql.COPY_OUTBOX,
+            outbox_sql.COPY_OUTBOX_TYPES,
+            (
                 (e.tenant_id, e.queue, e.available_at, e.priority, e.occurrence_ids, e.scheduled_fors, e.body())
                 for e in envelopes
-            ],
+            ),
         )
     return len(envelopes)

@@ -84,6 +84,19 @@ class PreparedCursor:
         self._cursor.close()
 
 
+def copy_rows(cursor: Any, statement: str, types: list[str], rows: Any) -> None:
+    """COPY `rows` in binary on the caller's cursor, a PreparedCursor or a Django cursor, in its transaction."""
+    if isinstance(cursor, PreparedCursor):
+        cursor.copy_rows(statement, types, rows)
+        return
+    from django.db import connection
+
+    with connection.wrap_database_errors, cursor.cursor.copy(statement) as copy:
+        copy.set_types(types)
+        for row in rows:
+            copy.write_row(row)
+
+
 @functools.lru_cache(maxsize=256)
 def _binary(query: str) -> str:
     """The query with its placeholders asking for binary parameters (`%b`): arrays of a thousand uuids and instants

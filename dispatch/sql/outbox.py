@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-INSERT_OUTBOX = """
-INSERT INTO dispatch_outboxmessage
-    (tenant_id, queue, available_at, priority, occurrence_ids, scheduled_fors, body, published_at, created_at)
-VALUES (%s, %s, %s, %s, %s::uuid[], %s::timestamptz[], %s, NULL, clock_timestamp())
+# Envelopes are written by COPY (binary): one statement for a batch's envelopes, where an INSERT each was ~134,000
+# statements a minute at the seed's steady rate. The other columns take their defaults (unpublished, no lease,
+# created_at PostgreSQL's clock).
+COPY_OUTBOX = """
+COPY dispatch_outboxmessage (tenant_id, queue, available_at, priority, occurrence_ids, scheduled_fors, body)
+FROM STDIN (FORMAT BINARY)
 """
+COPY_OUTBOX_TYPES = ["int8", "varchar", "timestamptz", "int2", "uuid[]", "timestamptz[]", "bytea"]
 
 # --- relay ----------------------------------------------------------------------------------------------------
 
