@@ -155,8 +155,8 @@ class Relay:
                 best = (back - sent, at, (sent + back) / 2)
             if best[0] <= CLOCK_ANCHOR_GOOD_ENOUGH:
                 break
-        _, at, reading = best
-        return at, reading
+        assert best is not None  # CLOCK_ANCHOR_TRIES >= 1
+        return best[1], best[2]
 
     async def connect(self) -> None:
         """Open what is not open (or broken): PostgreSQL, the broker, a confirming channel, the lanes' queues."""
