@@ -51,14 +51,15 @@ def _uses_the_database(item: pytest.Item) -> bool:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _tenant_schemas(request, django_db_setup, django_db_blocker) -> None:
+def _tenant_schemas(request, django_db_blocker) -> None:
     """Create the personas' schemas once per test database: schema creation is the slow part.
 
-    A session without any database test (say `pytest tests/unit`) has no test database, and writes nothing: the
-    rows would otherwise go to the database DATABASE_URL names.
+    A session without any database test (`make test-fast`, `pytest tests/unit`) sets up no test database and
+    touches no server: it runs where PostgreSQL is not running at all.
     """
     if not any(_uses_the_database(item) for item in request.session.items):
         return
+    request.getfixturevalue("django_db_setup")
     with django_db_blocker.unblock():
         ensure_platform_rows()
 
@@ -187,3 +188,10 @@ def make_occurrence() -> Callable[..., Occurrence]:
     """Factory: `make_occurrence(schedule, at=..., version=None, state="scheduled", **fields)`; see
     `occurrence_for`."""
     return occurrence_for
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first (their order otherwise kept): under pytest-xdist a minute-long process test that starts
+    last is the whole run's tail, while the many quick ones fill the gaps around the slow ones."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

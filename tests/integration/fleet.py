@@ -12,9 +12,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from kombu import Connection
 from dispatch.outbox import Fire
 from dispatch.queues import queue_for_lane
 from tests.integration.processes import ROOT, manage, process_env, run_manage
+from tests.support import wait_for
 
 
 class Fleet:
@@ -130,14 +130,6 @@ def consumers(queue: str) -> int:
             return conn.default_channel.queue_declare(queue=queue, durable=True, passive=True).consumer_count
         except NotFound:
             return 0
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def _log_file(role: str) -> Path:

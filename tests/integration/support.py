@@ -1,4 +1,5 @@
-"""Helpers shared by integration test modules that drive the materializer with a chosen clock."""
+"""Helpers shared by integration test modules: the materializer driven with a chosen clock, the console's schedule
+change form filled in."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from django.conf import settings
 
 from dispatch.engine.materializer import Materializer
 from dispatch.models import ProcessHeartbeat, ShardLease
+from schedules.models import Schedule
 
 # The horizon the timelines of these tests are drawn for (a fire materialized 90 s ahead, say), whatever the
 # deployment's default is.
@@ -30,3 +32,29 @@ def run_materializer(materializer: Materializer, *instants: datetime) -> None:
     for now in instants:
         while materializer.step(now=now):
             pass
+
+
+def form_data(schedule: Schedule, **overrides) -> dict:
+    """The change form as the console renders it for `schedule`, with `overrides` typed in, submitted with Save."""
+    data = {
+        "seen_version": schedule.version,
+        "name": schedule.name,
+        "kind": schedule.kind,
+        "cron": schedule.cron or "",
+        "run_at_0": "",
+        "run_at_1": "",
+        "timezone": schedule.timezone,
+        "handler": schedule.handler,
+        "payload": "{}",
+        "lane": schedule.lane,
+        "flexible_window_seconds": schedule.flexible_window_seconds,
+        "priority": schedule.priority,
+        "misfire_policy": schedule.misfire_policy,
+        "max_lateness_seconds": schedule.max_lateness_seconds,
+        "catchup_limit": schedule.catchup_limit,
+        "overlap_policy": schedule.overlap_policy,
+        "max_attempts": schedule.max_attempts,
+        "_save": "Save",
+    }
+    data.update(overrides)
+    return data

@@ -28,6 +28,7 @@ from schedules.services import (
     trigger_schedule,
 )
 from tenants.models import Tenant
+from tests.integration.support import form_data
 
 SCHEDULES_URL = "/admin/schedules/schedule/"
 NEW_YORK = ZoneInfo("America/New_York")
@@ -73,31 +74,6 @@ def run_action(console: Client, action: str, schedules: list[Schedule], **extra:
 
 def texts(response) -> list[str]:
     return [str(message) for message in get_messages(response.wsgi_request)]
-
-
-def form_data(schedule: Schedule, **overrides) -> dict:
-    data = {
-        "seen_version": schedule.version,
-        "name": schedule.name,
-        "kind": schedule.kind,
-        "cron": schedule.cron or "",
-        "run_at_0": "",
-        "run_at_1": "",
-        "timezone": schedule.timezone,
-        "handler": schedule.handler,
-        "payload": "{}",
-        "lane": schedule.lane,
-        "flexible_window_seconds": schedule.flexible_window_seconds,
-        "priority": schedule.priority,
-        "misfire_policy": schedule.misfire_policy,
-        "max_lateness_seconds": schedule.max_lateness_seconds,
-        "catchup_limit": schedule.catchup_limit,
-        "overlap_policy": schedule.overlap_policy,
-        "max_attempts": schedule.max_attempts,
-        "_save": "Save",
-    }
-    data.update(overrides)
-    return data
 
 
 # --- schedule list --------------------------------------------------------------------------------------

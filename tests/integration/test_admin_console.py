@@ -23,6 +23,7 @@ from schedules.clock import db_now
 from schedules.models import Schedule, ScheduleVersion
 from schedules.services import cancel_schedule, create_schedule, pause_schedule
 from tests.conftest import api_client_for, mark_completed, move_cursor, occurrence_for
+from tests.integration.support import form_data
 
 SCHEDULES_URL = "/admin/schedules/schedule/"
 OCCURRENCES_URL = "/admin/dispatch/occurrence/"
@@ -221,31 +222,6 @@ def test_the_schedule_list_reads_its_run_columns_in_one_query_for_the_whole_page
 
 
 # --- the schedule form ---------------------------------------------------------------------------------------------
-
-
-def form_data(schedule: Schedule, **overrides) -> dict:
-    data = {
-        "seen_version": schedule.version,
-        "name": schedule.name,
-        "kind": schedule.kind,
-        "cron": schedule.cron or "",
-        "run_at_0": "",
-        "run_at_1": "",
-        "timezone": schedule.timezone,
-        "handler": schedule.handler,
-        "payload": "{}",
-        "lane": schedule.lane,
-        "flexible_window_seconds": schedule.flexible_window_seconds,
-        "priority": schedule.priority,
-        "misfire_policy": schedule.misfire_policy,
-        "max_lateness_seconds": schedule.max_lateness_seconds,
-        "catchup_limit": schedule.catchup_limit,
-        "overlap_policy": schedule.overlap_policy,
-        "max_attempts": schedule.max_attempts,
-        "_save": "Save",
-    }
-    data.update(overrides)
-    return data
 
 
 def test_a_rejected_edit_keeps_the_zone_typed_and_shows_the_stored_rule(console, make):

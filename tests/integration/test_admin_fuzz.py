@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from schedules.models import Schedule
 from schedules.services import create_schedule
+from tests.support import examples
 
 LISTS = ("/admin/schedules/schedule/", "/admin/dispatch/occurrence/", "/admin/dispatch/outboxmessage/")
 FILTER_KEYS = (
@@ -141,7 +142,7 @@ def test_a_payload_the_api_refuses_is_a_form_error_in_the_console_too(console, s
     assert schedule.version == 1 and schedule.payload == {}
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     key=st.sampled_from(FILTER_KEYS),
     value=st.text(alphabet=st.characters(codec="utf-8"), max_size=40) | st.sampled_from(["\x00", "-1", "1e999"]),
@@ -162,7 +163,7 @@ JSON_VALUES = st.recursive(
 )
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     body=st.dictionaries(st.sampled_from(PREVIEW_KEYS), JSON_VALUES | st.sampled_from(["* * * * *", "cron", "once"]))
 )
@@ -206,7 +207,7 @@ def test_a_dispatch_or_tenant_view_on_a_bad_id_is_refused_never_a_500(console, t
         assert method(path.format(bad=bad)).status_code < 500
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     since=st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=40)
     | st.sampled_from(["2026-01-01", "0001-01-01T00:00:00+14:00", "9999-12-31 23:59", "now-1h", "2026-02-30 00:00"]),
@@ -217,7 +218,7 @@ def test_no_backfill_form_input_is_a_500(console, schedule, since, until):
     assert response.status_code in (200, 302), (since, until)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(note=st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=600))
 def test_no_note_is_a_500(console, schedule, note):
     response = console.post(f"/admin/schedules/schedule/{schedule.pk}/operate/resume/", {"note": note})

@@ -27,7 +27,8 @@ from schedules.services import create_schedule
 from tests.integration.processes import ROOT, manage, process_env
 
 # seed_envelopes is a fixture of the relay tests, used here by name.
-from tests.integration.test_relay_process import drain_queue, seed_envelopes, wait_for  # noqa: F401
+from tests.integration.test_relay_process import drain_queue, seed_envelopes  # noqa: F401
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -164,6 +165,7 @@ def rabbitmq(command: str) -> None:
     subprocess.run(["rabbitmqctl", command], check=True, capture_output=True, timeout=120)
 
 
+@pytest.mark.exclusive  # stops the broker every other test uses
 def test_a_broker_restart_mid_stream_loses_no_fire_and_the_relay_recovers_by_itself(tenant_a, request):
     drain_queue(STRICT_QUEUE)
     relay = Running("relay", "--name", "broker-relay")

@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 FIRES = int(os.environ.get("SCHEDULER_SCALE_OUT_FIRES", "20000"))
 
 
+@pytest.mark.exclusive  # its bounds are timings: measured on a box no other test is loading
 def test_one_of_each_process_killed_mid_burst_loses_no_fire_and_keeps_the_enqueue_slo():
     out = io.StringIO()
     config = DrainConfig(

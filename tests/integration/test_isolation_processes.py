@@ -15,8 +15,9 @@ from dispatch.models import TERMINAL_STATES, Attempt, Occurrence, OccurrenceStat
 from dispatch.outbox import enqueue
 from schedules.clock import db_now
 from tenants.models import Tenant
-from tests.integration.fleet import Fleet, running_fleet, wait_for
+from tests.integration.fleet import Fleet, running_fleet
 from tests.integration.slow_target import SlowTarget, header_drip, slow_target
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -63,6 +64,7 @@ def due(
     return occurrences
 
 
+@pytest.mark.exclusive  # its bounds are timings: measured on a box no other test is loading
 def test_a_tenant_whose_webhooks_hang_does_not_delay_another_tenants_fires(
     tenant_a, tenant_b, make_schedule, fleet, dripping
 ):

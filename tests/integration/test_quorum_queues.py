@@ -10,7 +10,8 @@ import pytest
 
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 from schedules.clock import db_now
-from tests.integration.test_quotas_processes import STRICT, consumers, due_fires, fleet, wait_for
+from tests.integration.test_quotas_processes import STRICT, consumers, due_fires, fleet
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 __all__ = ["fleet"]  # the fixture, imported for this module's tests

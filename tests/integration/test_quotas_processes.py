@@ -7,11 +7,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from amqp.exceptions import NotFound
@@ -27,6 +25,7 @@ from schedules.clock import db_now
 from tenants.models import Tenant
 from tests import handlers as test_handlers
 from tests.integration.processes import ROOT, manage, process_env
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 # The workers load the test handlers (SCHEDULER_HANDLER_MODULES); this process needs them to create the schedules.
@@ -96,14 +95,6 @@ def purge() -> None:
             channel.queue_delete(name)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
 def due_fires(make_schedule, tenant: Tenant, count: int, at, **schedule_fields) -> list[Occurrence]:
     """`count` occurrences of one schedule due at `at`, with their envelopes on this module's strict queue, written
     in two statements (one at a time, 2,400 rows would take longer than the lead before `at`)."""
@@ -132,7 +123,10 @@ def due_fires(make_schedule, tenant: Tenant, count: int, at, **schedule_fields) 
 def relays_connected() -> int:
     """Relays of this module with a PostgreSQL session (each names its connection after itself)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'quota-relay-%%'")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name LIKE 'quota-relay-%%'"
+        )
         return cursor.fetchone()[0]
 
 
@@ -151,6 +145,7 @@ def enqueued_lags(tenant: Tenant) -> list[float]:
     return sorted((o.enqueued_at - o.available_at).total_seconds() for o in rows)
 
 
+@pytest.mark.exclusive  # its bounds are timings: measured on a box no other test is loading
 def test_two_relays_hold_a_tenant_to_its_fire_rate_and_keep_another_tenant_on_time(
     tenant_a, tenant_b, make_schedule, fleet
 ):

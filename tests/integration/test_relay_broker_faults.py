@@ -23,7 +23,7 @@ from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE
 from schedules.clock import db_now
 from tests.integration.rabbit_node import RabbitNode, rabbit_node
 from tests.integration.test_faults_connections import Running
-from tests.integration.test_relay_process import wait_for
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -84,7 +84,7 @@ def longest_idle_in_transaction(application_name: str) -> float:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT coalesce(max(EXTRACT(EPOCH FROM clock_timestamp() - state_change)), 0) FROM pg_stat_activity "
-            "WHERE application_name LIKE %s AND state LIKE 'idle in transaction%%'",
+            "WHERE datname = current_database() AND application_name LIKE %s AND state LIKE 'idle in transaction%%'",
             ["%" + application_name + "%"],
         )
         return float(cursor.fetchone()[0])

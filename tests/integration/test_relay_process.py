@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -24,6 +23,7 @@ from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
 from schedules.clock import db_now
 from tenants.models import Tenant
+from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -91,15 +91,6 @@ def seed_envelopes(make_schedule) -> Callable[[Tenant, int], set[str]]:
         return {str(r.occurrence_id) for r in rows}
 
     return seed
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_relay_killed_mid_batch_loses_nothing_and_duplicates_only_under_the_same_id(tenant_a, seed_envelopes):

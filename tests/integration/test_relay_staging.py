@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -17,6 +16,7 @@ from dispatch.queues import STRICT_QUEUE
 from schedules.clock import db_now
 from schedules.services import cancel_schedule
 from tests.integration.test_relay_process import drain_queue
+from tests.support import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,16 +61,20 @@ def test_staged_envelopes_leave_at_their_instant_in_priority_order(tenant_a, sta
     assert order == [str(high.occurrence_id), str(middle.occurrence_id), str(low.occurrence_id)]
 
 
-def test_a_staged_envelope_whose_occurrences_were_withdrawn_is_dropped_unpublished(tenant_a, staged_fire):
+def test_a_staged_envelope_whose_occurrences_were_withdrawn_is_dropped_unpublished(tenant_a, staged_fire, settings):
+    # A lead long enough to see the relay claim both and withdraw one before their instant, on a busy box too.
+    settings.SCHEDULER_RELAY_STAGE_SECONDS = 3.0
     drain_queue(STRICT_QUEUE)
-    at = db_now() + timedelta(seconds=0.8)
+    at = db_now() + timedelta(seconds=2.5)
     doomed_schedule, doomed = staged_fire(tenant_a.tenant, "doomed", at=at)
     _, kept = staged_fire(tenant_a.tenant, "kept", at=at)
     relay = Relay("withdraw-test")
     thread = threading.Thread(target=lambda: (run_relay_once(relay), connections.close_all()))
     thread.start()
-    time.sleep(0.3)  # the relay has claimed and staged both, and waits for their instant
+    claimed = OutboxMessage.objects.filter(lease_owner__isnull=False)
+    wait_for(lambda: claimed.count() == 2, 10, "the relay to claim and stage both")
     cancel_schedule(doomed_schedule, actor="test")
+    assert db_now() < at, "withdrawn before the instant (else the test proves nothing)"
     thread.join(timeout=20)
     assert not thread.is_alive()
     assert relay.stats.withdrawn_envelopes == 1

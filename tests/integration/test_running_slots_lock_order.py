@@ -11,7 +11,7 @@ import pytest
 from django.db import connection, transaction
 
 from dispatch.quotas import lock_running_rows, release_running_slots
-from tests.integration.test_relay_process import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

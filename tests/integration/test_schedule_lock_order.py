@@ -14,7 +14,7 @@ from django.db import connection
 from schedules.clock import db_now
 from schedules.models import Schedule
 from schedules.services import update_schedule
-from tests.integration.test_relay_process import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

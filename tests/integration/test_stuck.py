@@ -16,7 +16,8 @@ from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
 from dispatch.reconcile import reconcile
 from schedules.clock import db_now
 from tests.handlers import effects, ensure_effects_table
-from tests.integration.fleet import running_fleet, wait_for
+from tests.integration.fleet import running_fleet
+from tests.support import wait_for
 
 STUCK_AFTER = 900
 

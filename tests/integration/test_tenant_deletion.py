@@ -20,7 +20,8 @@ from schedules.models import Schedule
 from tenants.models import Tenant
 from tenants.services import provision_tenant
 from tests.integration.test_faults_connections import Running
-from tests.integration.test_relay_process import drain_queue, wait_for
+from tests.integration.test_relay_process import drain_queue
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -8,7 +8,6 @@ on committed tables.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -28,6 +27,7 @@ from schedules.clock import db_now
 from tests.integration.processes import process_env, run_manage
 from tests.integration.test_faults_time import drop_partitions_from
 from tests.integration.test_metrics import scrape
+from tests.support import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,15 +64,6 @@ def command(name: str, *args: str) -> str:
     out = StringIO()
     call_command(name, *args, stdout=out)
     return out.getvalue()
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def days_of(table: str = "dispatch_occurrence") -> set:

@@ -23,8 +23,9 @@ from schedules.clock import db_now
 from tests.integration.processes import ROOT, process_env, run_manage
 from tests.integration.test_faults_connections import Running, one_off_in
 from tests.integration.test_faults_time import drop_partitions_from
-from tests.integration.test_relay_process import drain_queue, wait_for
+from tests.integration.test_relay_process import drain_queue
 from tests.integration.test_upkeep import days_of, long_read
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -6,7 +6,6 @@ import errno
 import json
 import socket
 import threading
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from dispatch.identity import utc_key
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 from schedules.clock import db_now
 from tests.integration.slow_target import Exchange, SlowTarget, header_drip, slow_target
+from tests.support import wait_for
 
 BASE = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=5)
 
@@ -277,7 +277,7 @@ def test_a_target_that_drips_its_headers_is_cut_off_at_the_deadline_and_the_call
     assert (attempt.outcome, attempt.error_class) == ("failed", "transient")
     assert "timed out" in attempt.error and "within 1.0 s" in attempt.error
     (exchange,) = slow.exchanges
-    wait_until(lambda: exchange.closed_at is not None)
+    wait_for(lambda: exchange.closed_at is not None, 15, "the caller to hang up")
     assert not exchange.answered, "the caller hung up before the answer was whole"
     assert exchange.sent_steps < 15, f"{exchange.sent_steps} lines of 31 were sent before the caller hung up"
 
@@ -290,7 +290,7 @@ def test_a_body_dripping_past_the_deadline_is_no_success(tenant, slow, webhook_o
 
     assert "timed out" in last_attempt(occurrence).error
     (exchange,) = slow.exchanges
-    wait_until(lambda: exchange.closed_at is not None)
+    wait_for(lambda: exchange.closed_at is not None, 15, "the caller to hang up")
     assert not exchange.answered
 
 
@@ -328,7 +328,7 @@ def test_the_cancel_event_ends_a_call_in_flight(tenant, slow, webhook_occurrence
     cancel = threading.Event()
 
     def cancel_once_the_answer_has_begun() -> None:
-        wait_until(lambda: slow.exchanges and slow.exchanges[0].sent_steps >= 2)
+        wait_for(lambda: slow.exchanges and slow.exchanges[0].sent_steps >= 2, 15, "two steps sent")
         cancel.set()
 
     canceller = threading.Thread(target=cancel_once_the_answer_has_begun, daemon=True)
@@ -340,15 +340,8 @@ def test_the_cancel_event_ends_a_call_in_flight(tenant, slow, webhook_occurrence
     assert (result.outcome, result.error_class) == ("failed", "transient")
     assert "CanceledError" in result.error and "canceled after" in result.error
     (exchange,) = slow.exchanges
-    wait_until(lambda: exchange.closed_at is not None)
+    wait_for(lambda: exchange.closed_at is not None, 15, "the caller to hang up")
     assert exchange.sent_steps < 30, "ended when the event was raised, not when the target finished (61 steps)"
-
-
-def wait_until(condition: Callable[[], Any], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 # --- private targets (SSRF) -----------------------------------------------------------------------------------

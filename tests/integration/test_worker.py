@@ -33,6 +33,7 @@ from schedules.clock import db_now
 from schedules.models import Schedule, ScheduleState
 from tests import handlers as test_handlers
 from tests.handlers import effects, ensure_effects_table
+from tests.support import wait_for
 
 WORKER = "test-worker"
 # Fires of the recent past: the materializer would have produced them; any partition (or DEFAULT) takes them.
@@ -116,13 +117,6 @@ def metric(name: str, **labels: str) -> float:
 def calls_of(occurrence: Occurrence) -> list[Any]:
     """Handler contexts this process passed for the occurrence (tests.handlers records them)."""
     return [c for c in list(test_handlers.CALLS) if c.occurrence_id == occurrence.occurrence_id]
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def in_threads(*targets: Callable[[], Any]) -> list[Any]:

@@ -17,7 +17,7 @@ from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
 from schedules.clock import db_now
 from tests import handlers as test_handlers
 from tests.handlers import effects, ensure_effects_table
-from tests.integration.fleet import wait_for
+from tests.support import wait_for
 
 WORKER = "isolation-worker"
 BASE = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)

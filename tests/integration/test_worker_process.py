@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -33,6 +32,7 @@ from dispatch.queues import queue_for_lane
 from scheduler_project.celery import app
 from schedules.clock import db_now
 from tests.handlers import effects, ensure_effects_table
+from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 # Queues of this module's own, named after the suite's (which a run may set per checkout): a relay test running at
@@ -183,14 +183,6 @@ def scraped() -> dict[str, float]:
     """/metrics as a scraper reads it, by sample."""
     text = DjangoClient(HTTP_HOST="localhost").get("/metrics").content.decode()
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 # --- data helpers -----------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from schedules.api.schema import INSTANT
 from schedules.api.serializers import InstantInvalid, parse_instant
 from schedules.cron_syntax import MACROS, MAX_CRON_LENGTH, TimeRuleError, cron_pattern, parse_cron
+from tests.support import examples
 
 CRON = re.compile(cron_pattern())
 INSTANT_PATTERN = re.compile(INSTANT["pattern"])
@@ -64,21 +65,21 @@ EXPRESSIONS = st.one_of(
 )
 
 
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 @given(EXPRESSIONS)
 def test_the_pattern_matches_every_expression_the_api_accepts(text):
     if api_accepts(text):
         assert CRON.fullmatch(text), text
 
 
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 @given(EXPRESSIONS)
 def test_a_matching_expression_the_api_refuses_breaks_a_rule_the_pattern_leaves_to_its_description(text):
     if CRON.fullmatch(text) and not api_accepts(text):
         assert any(rule in refusal(text) for rule in UNSTATED_RULES), (text, refusal(text))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.from_regex(CRON, fullmatch=True).filter(lambda text: len(text) <= MAX_CRON_LENGTH))  # the schema's maxLength
 def test_what_the_pattern_generates_parses_or_breaks_an_unstated_rule(text):
     if not api_accepts(text):
@@ -125,7 +126,7 @@ def a_calendar_date(text: str) -> bool:
     return True
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.from_regex(INSTANT_PATTERN, fullmatch=True).filter(a_calendar_date))
 def test_every_instant_the_pattern_and_format_allow_is_accepted(text):
     assert api_reads_instant(text), text

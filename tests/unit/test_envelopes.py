@@ -130,7 +130,9 @@ def test_an_envelope_of_another_version_is_malformed(content):
 
 
 @pytest.mark.parametrize(
-    "content", [None, "text", 1, [BODY_VERSION, {AN_INSTANT: [AN_ID]}], [with_fires({})]], ids=repr
+    "content",
+    [None, "text", 1, [BODY_VERSION, {AN_INSTANT: [AN_ID]}], [with_fires({})]],
+    ids=["none", "text", "number", "version-and-fires", "list-of-envelope"],
 )
 def test_an_argument_that_is_not_a_dict_is_malformed(content):
     with pytest.raises(MalformedEnvelope, match="not an envelope of version"):

@@ -164,7 +164,9 @@ def test_any_mix_of_fires_is_packed_once_each_into_homogeneous_bounded_envelopes
 # --- Fire.for_lane --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("lane", "queue"), [("strict", STRICT_QUEUE), ("flexible", FLEXIBLE_QUEUE)])
+@pytest.mark.parametrize(
+    ("lane", "queue"), [("strict", STRICT_QUEUE), ("flexible", FLEXIBLE_QUEUE)], ids=["strict", "flexible"]
+)
 def test_for_lane_puts_a_fire_on_its_lanes_queue_and_keeps_the_rest(lane, queue):
     occurrence_id = uuid.uuid4()
     available_at = T0 + timedelta(seconds=42, milliseconds=7)

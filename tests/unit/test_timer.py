@@ -20,6 +20,7 @@ from hypothesis.stateful import (
 )
 
 from dispatch.timer import HEAP_FACTOR, HEAP_SLACK, Claimed, PriorityTimer, TimerClosed
+from tests.support import examples
 
 # Generous: these bound waits for events that normally arrive in milliseconds; only a bug reaches them.
 TIMEOUT = 10.0
@@ -205,7 +206,7 @@ def test_timer_matches_sorted_reference_under_random_operations() -> None:
     run_state_machine_as_test(
         TimerVersusReference,
         settings=settings(
-            max_examples=250,
+            max_examples=examples(250),
             stateful_step_count=60,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],

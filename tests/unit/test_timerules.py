@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from schedules.cron_syntax import TimeRuleError, normalize_cron
 from schedules.cron_text import describe_cron
 from schedules.timerules import TimeRule, local_time, parse_timezone
+from tests.support import examples
 
 
 def utc(*args: int) -> datetime:
@@ -243,7 +244,7 @@ def cases(draw: st.DrawFn) -> tuple[str, str, datetime]:
     return draw(cron_expressions()), zone, draw(instants_near_transitions(zone))
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_fires_match_the_brute_force_reference(case: tuple[str, str, datetime]) -> None:
     expr, zone, after = case
@@ -258,7 +259,7 @@ def test_fires_match_the_brute_force_reference(case: tuple[str, str, datetime]) 
     assert rule.next_after(after) == (expected[0] if expected else None)
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(), st.integers(1, 4 * 24 * 60))
 def test_fires_between_is_half_open_and_matches_the_reference(
     case: tuple[str, str, datetime], window_minutes: int
@@ -270,7 +271,7 @@ def test_fires_between_is_half_open_and_matches_the_reference(
     assert fires(expr, zone, since, until) == [t for t in expected if t >= since]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(cron_expressions())
 def test_describe_never_raises_and_normalize_is_idempotent(expr: str) -> None:
     normalized = normalize_cron(expr)

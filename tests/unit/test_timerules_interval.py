@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from schedules.cron_syntax import TimeRuleError
 from schedules.dst import interval_dst_notes, upcoming_interval_dst_notes
 from schedules.timerules import EVERY_SECONDS_RANGE, TimeRule, local_time
+from tests.support import examples
 
 
 def utc(*args: int) -> datetime:
@@ -106,7 +107,7 @@ def cases(draw: st.DrawFn) -> tuple[str, int, datetime, datetime]:
     return zone, every, anchor, after
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(2000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_fires_match_the_naive_enumeration_in_every_zone(case: tuple[str, int, datetime, datetime]) -> None:
     zone, every, anchor, after = case
@@ -124,7 +125,7 @@ def test_fires_match_the_naive_enumeration_in_every_zone(case: tuple[str, int, d
     assert [local_time(fire, zone) for fire in got] == [fire.astimezone(ZoneInfo(zone)) for fire in expected]
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(), st.integers(1, 400))
 def test_fires_between_is_half_open_and_matches_the_enumeration(
     case: tuple[str, int, datetime, datetime], periods: int
