@@ -235,7 +235,7 @@ SPECTACULAR_SETTINGS = {
         "OccurrenceStateEnum": "dispatch.models.OccurrenceState",
         "HandlerEnum": "dispatch.handlers.registered_names",
     },
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "schedules.api.schema.finish"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "schedules.api.document.finish"],
 }
 
 # --- Celery (RabbitMQ broker; django-celery-results keeps Celery's own task results) ---

@@ -15,7 +15,7 @@ if _WORKER and os.environ.get("SCHEDULER_TEST_QUEUES_OF") != _WORKER:
 # The webhook tests' receivers listen on loopback; the refusal of private targets has tests of its own.
 os.environ.setdefault("SCHEDULER_WEBHOOK_ALLOW_PRIVATE", "1")
 
-from scheduler_project.settings import *  # noqa: F403
+from scheduler_project.settings import *  # noqa: E402, F403  (the environment above comes first)
 
 # Fast hashing: tests create users, and the default hasher's deliberate slowness buys nothing here.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -11,14 +11,24 @@ occurrence, attempt and outbox tables with their indexes, divided by the occurre
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.db import connection
 
 from dispatch.bench.sampling import Readings
 
-if TYPE_CHECKING:
-    from dispatch.bench.steady import SteadyBenchmark
+
+class SteadyRun(Protocol):
+    """What the figures read of a finished run (dispatch/bench/steady.py's SteadyBenchmark)."""
+
+    tenant_ids: list[int]
+    window_start: datetime | None
+    window_end: datetime | None
+    bursts: list[datetime]
+    settle_before: dict[float, float]
+
+    def expected_fires(self) -> int: ...
+
 
 # Memory growth is measured from this far into the window (allocators and caches settle first).
 GROWTH_FROM_SECONDS = 300.0
@@ -56,7 +66,7 @@ def histogram_quantile(counts: dict[float, float], fraction: float) -> float | N
     return finite[-1] if finite else None
 
 
-def steady_stats(bench: SteadyBenchmark, readings: Readings) -> dict[str, Any]:
+def steady_stats(bench: SteadyRun, readings: Readings) -> dict[str, Any]:
     params: dict[str, Any] = {
         "t": bench.tenant_ids,
         "start": bench.window_start,
@@ -180,7 +190,7 @@ def _memory(readings: Readings) -> dict[str, Any]:
     return {"rss_mb_max": peak, "rss_mb_growth": growth}
 
 
-def _burst_drains(bench: SteadyBenchmark) -> list[tuple[datetime, datetime]]:
+def _burst_drains(bench: SteadyRun) -> list[tuple[datetime, datetime]]:
     """Per burst: its instant, and when the last of its fires finished running (the instant itself if none ran)."""
     drains = []
     with connection.cursor() as cursor:
@@ -198,7 +208,7 @@ def _burst_drains(bench: SteadyBenchmark) -> list[tuple[datetime, datetime]]:
     return drains
 
 
-def _outbox_after_bursts(bench: SteadyBenchmark, readings: Readings) -> list[dict[str, Any]]:
+def _outbox_after_bursts(bench: SteadyRun, readings: Readings) -> list[dict[str, Any]]:
     """Per burst: the outbox's peak after it, and how long until it held no more than a steady minute's envelopes
     (the largest count sampled in the minute before the burst; None: not within the window)."""
     assert bench.window_start is not None
