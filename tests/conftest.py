@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import connection
+from pytest_django.plugin import blocking_manager_key
 from rest_framework.test import APIClient
 
 from dispatch.identity import occurrence_id_for
@@ -62,6 +63,24 @@ def _tenant_schemas(request, django_db_blocker) -> None:
     request.getfixturevalue("django_db_setup")
     with django_db_blocker.unblock():
         ensure_platform_rows()
+
+
+def _flushes_the_database(item: pytest.Item) -> bool:
+    """Whether pytest-django empties every table after this test (a transactional test: real processes need
+    committed rows) instead of rolling its transaction back."""
+    marker = item.get_closest_marker("django_db")
+    fixtures = set(getattr(item, "fixturenames", ()))
+    return bool(marker and marker.kwargs.get("transaction")) or bool(fixtures & {"transactional_db", "live_server"})
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """After a transactional test's flush, the platform rows again: the console's public host and the personas are
+    what every later test of this process may take for granted, whatever order the tests run in."""
+    yield
+    if nextitem is not None and _flushes_the_database(item):  # after the last test, the database is gone
+        with item.config.stash[blocking_manager_key].unblock():
+            ensure_platform_rows()
 
 
 @pytest.fixture
