@@ -62,10 +62,7 @@ class PreparedCursor:
 
     def copy_rows(self, statement: str, types: list[str], rows: Any) -> None:
         """COPY `rows` in binary with `statement` (COPY ... FROM STDIN (FORMAT BINARY)), in the same transaction."""
-        with self._django.wrap_database_errors, self._cursor.copy(statement) as copy:
-            copy.set_types(types)
-            for row in rows:
-                copy.write_row(row)
+        copy_rows(self, statement, types, rows)
 
     def fetchone(self) -> Any:
         return self._cursor.fetchone()
@@ -86,12 +83,10 @@ class PreparedCursor:
 
 def copy_rows(cursor: Any, statement: str, types: list[str], rows: Any) -> None:
     """COPY `rows` in binary on the caller's cursor, a PreparedCursor or a Django cursor, in its transaction."""
-    if isinstance(cursor, PreparedCursor):
-        cursor.copy_rows(statement, types, rows)
-        return
     from django.db import connection
 
-    with connection.wrap_database_errors, cursor.cursor.copy(statement) as copy:
+    raw = cursor._cursor if isinstance(cursor, PreparedCursor) else cursor.cursor
+    with connection.wrap_database_errors, raw.copy(statement) as copy:
         copy.set_types(types)
         for row in rows:
             copy.write_row(row)

@@ -131,15 +131,7 @@ def _fresh_database(name: str) -> None:
     with _admin_connection() as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"],
-        env=_bench_env(name),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, f"migrate of {name} failed:\n{done.stderr[-4000:]}"
+    _manage(name, "migrate", "--noinput", "-v", "0")
 
 
 def _manage(database: str, *args: str) -> None:
