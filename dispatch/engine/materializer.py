@@ -19,6 +19,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -56,6 +57,12 @@ ROW_ADDRESS_COLUMN = -2
 ID_TEXT_COLUMN = -1
 
 
+@dataclass(frozen=True)
+class BatchWritten:
+    processed: int  # schedules planned and written
+    more_due: bool  # the batch was full (or deferred some): due schedules may be waiting
+
+
 class Materializer:
     def __init__(
         self,
@@ -78,6 +85,9 @@ class Materializer:
         self.leases: dict[int, int] = {}  # shard -> generation granted to us
         self._next_maintenance = 0.0
         self._rotation = 0
+        # Set while batches come back full (more is due than one batch holds): the helper threads write batches
+        # only then (see _helper_step).
+        self._draining = False
         self.stop = StopFlag()
         self.upkeep = Upkeep()
         self.outage = Outage()  # one for the main loop and the batch threads: an outage is logged once
@@ -160,19 +170,54 @@ class Materializer:
 
     def step(self, now: datetime | None = None) -> bool:
         """One unit of work: maintenance when due, then one batch. True if the batch found due schedules."""
+        self._maintain_when_due()
+        return self.materialize_batch(now or self.clock()) > 0
+
+    def _process_step(self) -> bool:
+        """The main thread's step in the process loop: maintenance when due, then one batch (see _drain_step)."""
+        self._maintain_when_due()
+        return self._drain_step()
+
+    def _maintain_when_due(self) -> None:
         if monotonic() >= self._next_maintenance:
             self.maintain_leases()
             # Leases of dead workers (SIGKILL, OOM) come back for another attempt. PostgreSQL's clock, not a
             # driven `now`: a test's future instant would reap leases that are still alive.
             reap_expired_leases()
             self.complete_fired_one_offs()
-        return self.materialize_batch(now or self.clock()) > 0
 
     def materialize_batch(self, now: datetime) -> int:
         """Plan and write one batch; returns the number of schedules processed."""
+        return self._write_batch(now).processed
+
+    def _drain_step(self) -> bool:
+        """One batch of the main thread's loop: True (go on at once) only while a batch may have left due schedules
+        behind.
+
+        A batch short of its limit read every cursor due within the horizon, so the loop naps as if idle
+        (SCHEDULER_MATERIALIZE_IDLE_SECONDS) instead of scanning again at once: each scan visits every leased shard's
+        index range (256 probes however few are due), and under steady load back-to-back scans of three threads found
+        a few hundred schedules each, ~3 scans a second for what one scan a second finds. The horizon is far longer
+        than the nap, so a fire is still written long before it is due.
+        """
+        more_due = self._write_batch(self.clock()).more_due
+        self._draining = more_due
+        return more_due
+
+    def _helper_step(self) -> bool:
+        """One batch of a helper thread's loop: only while the main thread found more due than one batch holds (a
+        burst, a catch-up); otherwise the helper naps and leaves the steady scan to the main thread."""
+        if not self._draining:
+            return False
+        more_due = self._write_batch(self.clock()).more_due
+        if not more_due:
+            self._draining = False
+        return more_due
+
+    def _write_batch(self, now: datetime) -> BatchWritten:
         leases = dict(self.leases)  # one consistent view: the lease upkeep may replace them meanwhile
         if not leases:
-            return 0
+            return BatchWritten(0, more_due=False)
         with transaction.atomic(), PreparedCursor() as cursor:
             # Rotate the starting shard every batch so a burst is drained evenly across shards.
             shards = sorted(leases)
@@ -193,10 +238,11 @@ class Materializer:
             )
             rows = cursor.fetchall()
             if not rows:
-                return 0
+                return BatchWritten(0, more_due=False)
+            full = len(rows) >= self.batch_size
             rows = self._confirm_leases(cursor, rows, leases)
             if not rows:
-                return 0
+                return BatchWritten(0, more_due=full)
             plans = self._plan(rows, now)
             # Kept late fires (after an outage) are released on their tenant's one catch-up budget.
             pace_planned(cursor, [(p.schedule, p.occurrences) for p in plans if p.catch_up], now=now)
@@ -232,7 +278,7 @@ class Materializer:
                 MAX_FIRES_PER_BATCH,
                 extra={"action": "materialize_deferred"},
             )
-        return len(plans)
+        return BatchWritten(len(plans), more_due=full or len(plans) < len(rows))
 
     def _confirm_leases(self, cursor: PreparedCursor, rows: list[tuple], leases: dict[int, int]) -> list[tuple]:
         """Fencing (rule 3): the leases of the shards this batch read must still be ours, with the generation we were
@@ -381,7 +427,7 @@ class Materializer:
         """
         try:
             run_loop(
-                lambda: self.materialize_batch(self.clock()) > 0,
+                self._helper_step,
                 self.stop,
                 idle_seconds=settings.SCHEDULER_MATERIALIZE_IDLE_SECONDS,
                 on_error=lambda exc: connection.close(),
@@ -427,7 +473,7 @@ class Materializer:
             if once:
                 self.upkeep.run_due(self.clock())
             run_loop(
-                self.step,
+                self._process_step,
                 self.stop,
                 idle_seconds=settings.SCHEDULER_MATERIALIZE_IDLE_SECONDS,
                 once=once,

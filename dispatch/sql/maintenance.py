@@ -125,7 +125,7 @@ SET_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, %s)"
 # locks measured in pg_locks). The attach builds the parent's indexes and constraints on the empty table.
 CREATE_DAY_TABLE = (
     'CREATE TABLE IF NOT EXISTS "public"."{partition}" '
-    '(LIKE "public"."{parent}" INCLUDING DEFAULTS INCLUDING CONSTRAINTS)'
+    '(LIKE "public"."{parent}" INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH (fillfactor = {fillfactor})'
 )
 ATTACH_DAY_PARTITION = (
     'ALTER TABLE "public"."{parent}" ATTACH PARTITION "public"."{partition}" FOR VALUES FROM (%s) TO (%s)'

@@ -197,3 +197,23 @@ def test_a_full_envelope_is_stored_compressed_with_lz4_where_the_server_offers_i
             "SELECT pg_column_compression(body), pg_column_compression(scheduled_fors) FROM dispatch_outboxmessage"
         )
         assert cursor.fetchone() == ("lz4", "lz4")
+
+
+def test_the_process_loop_scans_again_at_once_only_while_batches_come_back_full(tenant_a, make_schedule):
+    """Under steady load a scan short of its limit found everything due: the main thread naps, and the helper threads
+    write batches only while the main thread's come back full (a burst), instead of three threads scanning every
+    shard back to back for a few schedules each."""
+    for n in range(5):
+        make_schedule(tenant_a.tenant, name=f"due-{n}", now=T0 - timedelta(seconds=30))
+    m = materializer(batch_size=2, clock=lambda: T0)
+    assert m._helper_step() is False, "no burst yet: a helper does not scan"
+    assert Occurrence.objects.count() == 0
+    assert m._drain_step() is True, "a full batch: more may be due"
+    assert m._helper_step() is True, "the helpers join while batches come back full"
+    assert m._helper_step() is False, "the fifth schedule alone: the due set is drained"
+    assert Occurrence.objects.values("schedule").distinct().count() == 5
+    late = make_schedule(tenant_a.tenant, name="due-late", now=T0 - timedelta(seconds=30))
+    assert m._helper_step() is False
+    assert not Occurrence.objects.filter(schedule=late).exists(), "a helper naps once the due set was drained"
+    assert m._drain_step() is False, "the main thread's next scan finds it, and the batch is short"
+    assert Occurrence.objects.filter(schedule=late).exists()
