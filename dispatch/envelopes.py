@@ -52,25 +52,37 @@ def encode_body(tenant_id: int, queue: str, occurrences: Iterable[tuple[uuid.UUI
     return json.dumps([[content], {}, _EMBED], separators=(",", ":")).encode()
 
 
-def bundle_body(bodies: Sequence[bytes]) -> bytes:
-    """One message body carrying several stored envelopes: the task's arguments are their contents, one each.
+def bundle_body(envelopes: Sequence[tuple[int, bytes]]) -> bytes:
+    """One message body carrying stored envelopes (outbox id, body), usually one: the task's arguments are their
+    contents, one each, each naming its outbox row as "envelope".
 
     The relay sends the small envelopes of many tenants that fall due at one instant on one queue as one message
     (a steady day spread over a thousand tenants is ~1,000 envelopes of two or three fires a second, and a message
     and a Celery task each is what the worker cannot afford; docs/DESIGN.md "Bundles"). Each envelope keeps its
-    row, its tenant's quotas and its stamp; only the transport is shared. A stored body is `[[content],{},embed]`
-    as encode_body wrote it: its content is cut out by bytes, without parsing; a body of another shape is parsed.
+    row, its tenant's quotas and its stamp; only the transport is shared. The outbox id lets the worker's completion
+    copy the envelope's confirmation stamp (docs/DESIGN.md "Settling keeps up"); workers that predate it ignore the
+    key. A stored body is `[[content],{},embed]` as encode_body wrote it: its content is cut out by bytes, without
+    parsing; a body of another shape is parsed.
     """
-    if len(bodies) == 1:
-        return bytes(bodies[0])
     contents: list[bytes] = []
-    for body in bodies:
+    for envelope_id, body in envelopes:
         raw = bytes(body)
-        if raw.startswith(_BODY_HEAD) and raw.endswith(_BODY_TAIL):
-            contents.append(raw[len(_BODY_HEAD) : -len(_BODY_TAIL)])
+        named = b'{"envelope":%d,' % envelope_id
+        if raw.startswith(_BODY_HEAD + b"{") and raw.endswith(_BODY_TAIL):
+            content = raw[len(_BODY_HEAD) : -len(_BODY_TAIL)]
+            contents.append(named + content[1:] if content != b"{}" else named[:-1] + b"}")
         else:
-            contents.extend(json.dumps(arg, separators=(",", ":")).encode() for arg in json.loads(raw)[0])
+            for arg in json.loads(raw)[0]:
+                if isinstance(arg, dict):
+                    arg = {"envelope": envelope_id, **arg}
+                contents.append(json.dumps(arg, separators=(",", ":")).encode())
     return _BODY_HEAD + b",".join(contents) + _BODY_TAIL
+
+
+def envelope_id_of(content: Any) -> int | None:
+    """The outbox id an envelope argument names (bundle_body), or None (an older relay's message, a hand-made one)."""
+    envelope_id = content.get("envelope") if isinstance(content, dict) else None
+    return envelope_id if isinstance(envelope_id, int) and not isinstance(envelope_id, bool) else None
 
 
 def message_headers(task_id: str, count: int) -> dict[str, Any]:

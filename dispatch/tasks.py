@@ -18,7 +18,7 @@ from django.conf import settings
 from dispatch import counters
 from dispatch.engine.envelope import EnvelopeRunner
 from dispatch.engine.leases import stop_lease_renewer
-from dispatch.envelopes import RUN_ENVELOPE_TASK, MalformedEnvelope, decode_content
+from dispatch.envelopes import RUN_ENVELOPE_TASK, MalformedEnvelope, decode_content, envelope_id_of
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +93,12 @@ def run_envelope(self, *envelopes: Any, **unexpected_kwargs: Any) -> dict[str, i
                 f"expected envelope arguments, got {len(envelopes)} and {len(unexpected_kwargs)} keyword"
             )
         parts = [(_tenant_of(envelope), decode_content(envelope)) for envelope in envelopes]
+        came_in = {
+            occurrence_id: envelope_id
+            for envelope, (_, pairs) in zip(envelopes, parts, strict=True)
+            if (envelope_id := envelope_id_of(envelope)) is not None
+            for occurrence_id, _ in pairs
+        }
     except MalformedEnvelope as exc:
         counters.WORKER_DROPPED_MESSAGES.labels("malformed_envelope").inc()
         logger.error(
@@ -103,7 +109,7 @@ def run_envelope(self, *envelopes: Any, **unexpected_kwargs: Any) -> dict[str, i
         )
         return {}
     worker_name = f"{self.request.hostname or socket.gethostname()}/{os.getpid()}"
-    outcomes = envelope_runner(worker_name).run_parts(parts, worker_name)
+    outcomes = envelope_runner(worker_name).run_parts(parts, worker_name, came_in)
     retry = outcomes.get("db_error", 0) + outcomes.get("not_run", 0)
     if retry:
         logger.error(

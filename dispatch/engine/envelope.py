@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -89,11 +90,15 @@ class EnvelopeRunner:
         return self.run_parts([(tenant_id, pairs)], worker_name)
 
     def run_parts(
-        self, parts: list[tuple[int | None, list[tuple[uuid.UUID, datetime]]]], worker_name: str
+        self,
+        parts: list[tuple[int | None, list[tuple[uuid.UUID, datetime]]]],
+        worker_name: str,
+        envelopes: Mapping[uuid.UUID, int] | None = None,
     ) -> Counter[str]:
         """Run a message's occurrences for at most one turn: one envelope, or a bundle of several tenants' small
         envelopes (each part: its tenant as the body says, its occurrences), claimed in one transaction and
-        completed in shared batches, each tenant within its own share of the pool."""
+        completed in shared batches, each tenant within its own share of the pool. `envelopes`: the envelope (outbox
+        row) each occurrence came in, where the message names them."""
         outcomes: Counter[str] = Counter()
         token = uuid.uuid4().hex  # pool task ids unique per delivery: a duplicate envelope must not replace ours
         turn = settings.SCHEDULER_ENVELOPE_SLICE_SECONDS
@@ -117,7 +122,7 @@ class EnvelopeRunner:
                 alone = [(tenant, pair) for pair in batch.alone]
             else:
                 alone = [(tenant_of_pair.get(pair), pair) for pair in batch.alone]
-            outcomes.update(self._run(token, batch.claims, alone, worker_name, turn))
+            outcomes.update(self._run(token, batch.claims, alone, worker_name, turn, envelopes))
         return outcomes
 
     def _run(
@@ -127,6 +132,7 @@ class EnvelopeRunner:
         alone: list[tuple[int | None, tuple[uuid.UUID, datetime]]],
         worker_name: str,
         turn: float,
+        envelopes: Mapping[uuid.UUID, int] | None = None,
     ) -> Counter[str]:
         outcomes: Counter[str] = Counter()
         verdicts: dict[uuid.UUID, RunResult] = {}
@@ -143,7 +149,9 @@ class EnvelopeRunner:
         )
         entries = [(claim.tenant_id, Entry(claim, ticket)) for claim, ticket in zip(runnable, tickets, strict=True)]
         work = EnvelopeWork(
-            entries + [(tenant, Entry(pair=pair)) for tenant, pair in alone], prechecked_at=time.monotonic()
+            entries + [(tenant, Entry(pair=pair)) for tenant, pair in alone],
+            prechecked_at=time.monotonic(),
+            envelopes=envelopes,
         )
         for claim in claims:
             if claim.occurrence_id in verdicts:
@@ -157,7 +165,7 @@ class EnvelopeRunner:
                 break  # the pool is closing: what has not started goes back now
             results = self._next_results(work, turn_ends)
             if results:
-                outcomes.update(self._complete(results))
+                outcomes.update(self._complete(results, work.envelopes))
             now = time.monotonic()
             with work.cond:
                 if work.finished():
@@ -282,7 +290,7 @@ class EnvelopeRunner:
             result = FAILED_TO_RUN
         if not work.put(claim, result, ticket):
             # The envelope's turn ended while this handler ran: its result is completed here, on its own.
-            self._complete([(claim, result, ticket)])
+            self._complete([(claim, result, ticket)], work.envelopes)
 
     def _run_alone(
         self, work: EnvelopeWork, occurrence_id: uuid.UUID, scheduled_for: datetime, worker_name: str
@@ -306,7 +314,11 @@ class EnvelopeRunner:
             )
             return "error"
 
-    def _complete(self, results: list[tuple[Claim, RunResult, Ticket | None]]) -> Counter[str]:
+    def _complete(
+        self,
+        results: list[tuple[Claim, RunResult, Ticket | None]],
+        envelopes: Mapping[uuid.UUID, int] | None = None,
+    ) -> Counter[str]:
         outcomes: Counter[str] = Counter()
         tickets = [ticket for _, _, ticket in results if ticket is not None]
         finished = [(claim, result) for claim, result, _ in results if result not in (NOT_RUN, FAILED_TO_RUN)]
@@ -322,7 +334,7 @@ class EnvelopeRunner:
         try:
             if finished:
                 crash_point("worker.after_effect")
-                outcomes.update(worker.complete_many(finished).values())
+                outcomes.update(worker.complete_many(finished, envelopes=envelopes).values())
         except DatabaseError:
             logger.exception("database error completing an envelope", extra={"action": "occurrence_db_error"})
             connection.close()
@@ -352,7 +364,7 @@ class EnvelopeRunner:
         for task_id in pending:
             self.timer.cancel(task_id)
         if results:
-            outcomes.update(self._complete(results))
+            outcomes.update(self._complete(results, work.envelopes))
         claims = [entry.claim for entry in unstarted if entry.claim is not None]
         lease_renewer().unregister_many([entry.ticket for entry in unstarted if entry.ticket is not None])
         unclaimed = [entry.pair for entry in unstarted if entry.pair is not None]

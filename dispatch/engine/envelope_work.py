@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
+from collections.abc import Mapping
 from datetime import datetime
 
 from dispatch.engine.claims import Claim
@@ -52,7 +53,14 @@ class EnvelopeWork:
     `cond` guards everything; the methods that say "the caller holds `cond`" read without taking it.
     """
 
-    def __init__(self, entries: list[tuple[int | None, Entry]], prechecked_at: float) -> None:
+    def __init__(
+        self,
+        entries: list[tuple[int | None, Entry]],
+        prechecked_at: float,
+        envelopes: Mapping[uuid.UUID, int] | None = None,
+    ) -> None:
+        # The envelope each occurrence came in, where the message said (its completion copies a stamp from it).
+        self.envelopes = envelopes
         self.todo: dict[int | None, deque[Entry]] = {}
         for tenant, entry in entries:
             self.todo.setdefault(tenant, deque()).append(entry)

@@ -126,7 +126,7 @@ async def publish(channel: AbstractChannel, bundle: list[StagedEnvelope]) -> flo
     first = bundle[0]
     task_id = task_id_for(first.id) if len(bundle) == 1 else f"{task_id_for(first.id)}+{len(bundle) - 1}"
     message = aio_pika.Message(
-        bundle_body([envelope.body for envelope in bundle]),
+        bundle_body([(envelope.id, envelope.body) for envelope in bundle]),
         headers=message_headers(task_id, sum(envelope.fires for envelope in bundle)),
         content_type="application/json",
         content_encoding="utf-8",

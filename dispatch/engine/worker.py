@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -247,8 +247,13 @@ def complete(claim: Claim, result: RunResult, now: datetime | None = None) -> st
     return _report_completion(claim, result, None if fenced else new_state, reason)
 
 
-def complete_many(results: list[tuple[Claim, RunResult]], now: datetime | None = None) -> dict[uuid.UUID, str]:
-    """`complete` for many attempts at once; returns each occurrence's new state or "fenced".
+def complete_many(
+    results: list[tuple[Claim, RunResult]],
+    now: datetime | None = None,
+    envelopes: Mapping[uuid.UUID, int] | None = None,
+) -> dict[uuid.UUID, str]:
+    """`complete` for many attempts at once; returns each occurrence's new state or "fenced". `envelopes` names the
+    envelope each occurrence came in, where the message said: a stamped one's confirmation is copied at once.
 
     Outcomes that need nothing but their own row (succeeded, dead, canceled) are written for all in one
     transaction, one statement each for the occurrences, the attempts and the running slots; a retry (its budget,
@@ -273,6 +278,7 @@ def complete_many(results: list[tuple[Claim, RunResult]], now: datetime | None =
                     "new_states": [str(state) for _, _, state, _, _ in batch],
                     "reasons": [reason for *_, reason in batch],
                     "held_states": [OccurrenceState.RUNNING.value] * len(batch),
+                    "envelope_ids": [envelopes.get(c.occurrence_id) if envelopes else None for c, *_ in batch],
                     "now": now,
                 },
             )

@@ -131,16 +131,20 @@ SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM canceled)
 # enqueued (a worker may already have moved it further; then only enqueued_at is filled), with the envelope's
 # throttled mark, then the envelope row goes. The (occurrence_id, scheduled_for) pair lets PostgreSQL prune to one
 # partition per row.
+# Under steady load a worker has usually completed the occurrence already and, finding the envelope stamped, filled
+# enqueued_at and the throttled mark itself in its completion (dispatch/sql/claims.py COMPLETE_MANY): such a row is
+# neither locked nor written again here. Only rows still without the stamp (or its throttled mark) as of this
+# statement's snapshot are locked, in primary-key order as the workers' batched completion locks them (many-row
+# updates of the same rows in different orders deadlock), and the lock returns each one's newest version: one a
+# completion filled meanwhile is left as it is, and counted from that version.
 # The same statement keeps the enqueue lag histogram (dispatch/counters.py SCHEDULE_LAG and its kin): it visits each
-# occurrence once anyway. Only an occurrence's FIRST settle counts (after the update its enqueued_at is this
-# envelope's stamp; a retry's or replay's envelope leaves the first stamp in place and is not counted again), as
-# lag = confirmation - the envelope's release instant. Rows are aggregated per lane, throttled mark, tenant series
-# and bucket before any JSON label is built (one jsonb_build_object per occurrence cost ~30 ms per statement), then
-# added to the stored totals in (name, labels) order like every other writer. `bounds` are the buckets' upper
-# bounds and `les` their labels, "+Inf" last. Returns the number of occurrences settled, and each settled envelope's
-# settle lag (now - its confirmation stamp, seconds) for the settler's own histogram.
-# The occurrences are locked in primary-key order first, as the workers' batched completion locks them: many-row
-# updates of the same rows in different orders deadlock (dispatch/sql/claims.py COMPLETE_MANY).
+# occurrence once anyway. Only an occurrence's FIRST publish counts: its enqueued_at is this envelope's stamp (a
+# retry's or replay's envelope leaves the first stamp in place and is not counted again), as lag = confirmation - the
+# envelope's release instant. Rows are aggregated per lane, throttled mark, tenant series and bucket before any JSON
+# label is built (one jsonb_build_object per occurrence cost ~30 ms per statement), then added to the stored totals
+# in (name, labels) order like every other writer. `bounds` are the buckets' upper bounds and `les` their labels,
+# "+Inf" last. Returns the number of the envelopes' occurrences found, and each settled envelope's settle lag (now -
+# its confirmation stamp, seconds) for the settler's own histogram.
 SETTLE_PUBLISHED = """
 WITH settled AS (
     DELETE FROM dispatch_outboxmessage
@@ -152,25 +156,39 @@ WITH settled AS (
     SELECT u.occurrence_id, u.scheduled_for, settled.published_at, settled.available_at AS released_at,
            settled.throttled
     FROM settled, unnest(settled.occurrence_ids, settled.scheduled_fors) AS u(occurrence_id, scheduled_for)
-), locked AS (
-    SELECT o.occurrence_id, o.scheduled_for FROM dispatch_occurrence AS o
+), seen AS (
+    SELECT o.occurrence_id, o.scheduled_for, o.lane, o.tenant_id, o.enqueued_at,
+           members.published_at, members.released_at, members.throttled,
+           o.enqueued_at IS NULL OR o.state = 'scheduled' OR (members.throttled AND NOT o.throttled) AS unsettled
+    FROM dispatch_occurrence AS o
     JOIN members ON o.occurrence_id = members.occurrence_id AND o.scheduled_for = members.scheduled_for
+), locked AS (
+    SELECT o.occurrence_id, o.scheduled_for, o.enqueued_at FROM dispatch_occurrence AS o
+    JOIN seen ON o.occurrence_id = seen.occurrence_id AND o.scheduled_for = seen.scheduled_for
+    WHERE seen.unsettled
     ORDER BY o.occurrence_id, o.scheduled_for
     FOR UPDATE OF o
 ), moved AS (
     UPDATE dispatch_occurrence AS o
     SET state = CASE WHEN o.state = 'scheduled' THEN 'enqueued' ELSE o.state END,
-        enqueued_at = COALESCE(o.enqueued_at, members.published_at),
-        throttled = o.throttled OR members.throttled
-    FROM members
-    JOIN locked ON locked.occurrence_id = members.occurrence_id AND locked.scheduled_for = members.scheduled_for
-    WHERE o.occurrence_id = members.occurrence_id AND o.scheduled_for = members.scheduled_for
-    RETURNING o.lane, o.tenant_id, members.throttled, o.enqueued_at = members.published_at AS first_publish,
-              GREATEST(0, EXTRACT(EPOCH FROM members.published_at - members.released_at))::float8 AS lag
+        enqueued_at = COALESCE(o.enqueued_at, seen.published_at),
+        throttled = o.throttled OR seen.throttled
+    FROM seen
+    JOIN locked ON locked.occurrence_id = seen.occurrence_id AND locked.scheduled_for = seen.scheduled_for
+    WHERE o.occurrence_id = seen.occurrence_id AND o.scheduled_for = seen.scheduled_for
+      AND (o.enqueued_at IS NULL OR o.state = 'scheduled' OR (seen.throttled AND NOT o.throttled))
+    RETURNING o.occurrence_id, o.scheduled_for, o.enqueued_at
+), firsts AS (
+    SELECT seen.lane, seen.tenant_id, seen.throttled,
+           GREATEST(0, EXTRACT(EPOCH FROM seen.published_at - seen.released_at))::float8 AS lag
+    FROM seen
+    LEFT JOIN locked ON locked.occurrence_id = seen.occurrence_id AND locked.scheduled_for = seen.scheduled_for
+    LEFT JOIN moved ON moved.occurrence_id = seen.occurrence_id AND moved.scheduled_for = seen.scheduled_for
+    WHERE COALESCE(moved.enqueued_at, locked.enqueued_at, seen.enqueued_at) = seen.published_at
 ), bucketed AS (
     SELECT m.lane, m.throttled, m.tenant_id, m.lag,
            1 + (SELECT count(*) FROM unnest(%(bounds)s::float8[]) AS b(bound) WHERE b.bound < m.lag)::int AS bucket
-    FROM moved AS m WHERE m.first_publish
+    FROM firsts AS m
 ), observed AS (
     SELECT m.lane, m.throttled, COALESCE(ts.slug, 'other') AS tenant, m.bucket, count(*) AS n, sum(m.lag) AS total
     FROM bucketed AS m
@@ -197,7 +215,7 @@ WITH settled AS (
     SELECT name, labels, delta FROM additions ORDER BY name, labels
     ON CONFLICT (name, labels) DO UPDATE SET value = c.value + EXCLUDED.value
 )
-SELECT (SELECT count(*) FROM moved),
+SELECT (SELECT count(*) FROM seen),
        (SELECT array_agg(EXTRACT(EPOCH FROM clock_timestamp() - published_at)::float8) FROM settled)
 """
 

@@ -838,3 +838,57 @@ def test_a_lease_renewal_and_the_relay_settling_the_same_occurrences_never_deadl
 
         assert (renewed, settled) == (150, 150)
         OutboxMessage.objects.all().delete()
+
+
+def test_a_completion_copies_its_stamped_envelopes_confirmation_and_settling_writes_the_row_no_more(
+    tenant_a, make_schedule, add_occurrence
+):
+    """Under steady load the worker completes most fires before the relay's settle step reaches their envelope: the
+    completion copies the stamp (and the throttled mark) onto the row it writes anyway, and settling then only
+    deletes the envelope and counts the first publish, without a second write of the row. A fire whose envelope
+    was not stamped yet, or that came without an envelope id, is settled as before."""
+    schedule = make_schedule(tenant_a.tenant)
+    stamped, unstamped, unnamed = (
+        add_occurrence(schedule, minute=n, state=OccurrenceState.SCHEDULED) for n in range(3)
+    )
+    with connection.cursor() as cursor:
+        enqueue(cursor, [Fire.of(o, available_at=o.available_at) for o in (stamped, unstamped, unnamed)], size=1)
+    envelope = {
+        o.occurrence_id: OutboxMessage.objects.get(occurrence_ids__contains=[o.occurrence_id]).id
+        for o in (stamped, unstamped, unnamed)
+    }
+    confirmed_at = db_now()
+    OutboxMessage.objects.filter(id__in=[envelope[stamped.occurrence_id], envelope[unnamed.occurrence_id]]).update(
+        published_at=confirmed_at, throttled=True
+    )
+    claims = [claim_of(o) for o in (stamped, unstamped, unnamed)]
+    assert all(claims)
+    worker.complete_many(
+        [(c, RunResult("succeeded")) for c in claims],
+        envelopes={o.occurrence_id: envelope[o.occurrence_id] for o in (stamped, unstamped)},
+    )
+    stamped.refresh_from_db()
+    assert (stamped.state, stamped.enqueued_at, stamped.throttled) == ("succeeded", confirmed_at, True)
+    assert Occurrence.objects.get(pk=unstamped.pk).enqueued_at is None, "its envelope was not confirmed yet"
+    assert Occurrence.objects.get(pk=unnamed.pk).enqueued_at is None, "the message did not name its envelope"
+
+    OutboxMessage.objects.filter(id=envelope[unstamped.occurrence_id]).update(published_at=confirmed_at)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT occurrence_id, xmin::text FROM dispatch_occurrence")
+        versions = dict(cursor.fetchall())
+        cursor.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": 100, **_LAG_BUCKETS})
+        assert cursor.fetchone()[0] == 3
+        cursor.execute("SELECT occurrence_id, xmin::text FROM dispatch_occurrence")
+        rewritten = {key for key, xmin in cursor.fetchall() if versions[key] != xmin}
+        cursor.execute(
+            "SELECT labels ->> 'le', value FROM dispatch_metric_counter WHERE name = %s",
+            ["scheduler_throttled_lag_seconds_count"],
+        )
+        throttled_counts = cursor.fetchall()
+    assert rewritten == {unstamped.occurrence_id, unnamed.occurrence_id}, "the completed, stamped row is not rewritten"
+    assert not OutboxMessage.objects.exists()
+    assert {o.occurrence_id: Occurrence.objects.get(pk=o.pk).enqueued_at for o in (unstamped, unnamed)} == {
+        unstamped.occurrence_id: confirmed_at,
+        unnamed.occurrence_id: confirmed_at,
+    }
+    assert [value for _, value in throttled_counts] == [2.0], "both throttled first publishes counted once each"

@@ -19,6 +19,7 @@ from dispatch.envelopes import (
     bundle_body,
     decode_content,
     encode_body,
+    envelope_id_of,
 )
 from dispatch.outbox import Fire, pack
 from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE
@@ -217,22 +218,32 @@ def test_a_first_version_entry_that_is_not_an_id_and_instant_pair_is_malformed(e
 
 def test_a_bundle_carries_each_envelopes_content_as_one_argument_and_decodes_to_every_occurrence():
     first, second = pairs_at(T0), pairs_at(T0, T0)
-    body = bundle_body([encode_body(1, STRICT_QUEUE, first), encode_body(2, STRICT_QUEUE, second)])
+    body = bundle_body([(11, encode_body(1, STRICT_QUEUE, first)), (12, encode_body(2, STRICT_QUEUE, second))])
     args, kwargs, embed = json.loads(body)
     assert [content["tenant_id"] for content in args] == [1, 2]
     assert [pair for content in args for pair in decode_content(content)] == first + second
     assert [kwargs, embed] == json.loads(encode_body(1, STRICT_QUEUE, first))[1:]
 
 
-def test_a_bundle_of_one_is_the_stored_body_untouched():
-    body = encode_body(1, STRICT_QUEUE, pairs_at(T0))
-    assert bundle_body([body]) == body
+def test_each_envelope_in_a_message_names_its_outbox_row_and_is_otherwise_the_stored_content():
+    """The worker's completion copies the envelope's stamp by that id; an older worker ignores the key."""
+    stored = encode_body(1, STRICT_QUEUE, pairs_at(T0))
+    args, kwargs, embed = json.loads(bundle_body([(42, stored)]))
+    assert [envelope_id_of(content) for content in args] == [42]
+    assert {key: value for key, value in args[0].items() if key != "envelope"} == json.loads(stored)[0][0]
+    assert [kwargs, embed] == json.loads(stored)[1:]
+
+
+@pytest.mark.parametrize("content", [{"v": 2}, {"envelope": "42"}, {"envelope": True}, [42], None])
+def test_content_without_an_integer_envelope_id_names_no_outbox_row(content):
+    assert envelope_id_of(content) is None
 
 
 def test_a_body_of_another_shape_is_parsed_into_the_bundle_not_cut_by_bytes():
     spaced = json.dumps([[with_fires({AN_INSTANT: [AN_ID]})], {}, {"chord": None}]).encode()  # not encode_body's
-    args = json.loads(bundle_body([spaced, encode_body(2, STRICT_QUEUE, pairs_at(T0))]))[0]
+    args = json.loads(bundle_body([(5, spaced), (6, encode_body(2, STRICT_QUEUE, pairs_at(T0)))]))[0]
     assert [content["tenant_id"] for content in args] == [7, 2]
+    assert [envelope_id_of(content) for content in args] == [5, 6]
 
 
 def staged(envelope_id: int, queue: str, fires: int) -> StagedEnvelope:
