@@ -63,7 +63,10 @@ class EnvelopeWork:
         self.envelopes = envelopes
         self.todo: dict[int | None, deque[Entry]] = {}
         for tenant, entry in entries:
-            self.todo.setdefault(tenant, deque()).append(entry)
+            queue = self.todo.get(tenant)
+            if queue is None:  # not setdefault: that builds a deque per entry to throw away
+                queue = self.todo[tenant] = deque()
+            queue.append(entry)
         self.running = 0
         self.claiming = 0  # one-by-one deliveries whose claim is not decided yet
         self.results: list[tuple[Claim, RunResult, Ticket | None]] = []

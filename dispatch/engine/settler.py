@@ -109,7 +109,9 @@ class Settler:
     async def _settle_once(self) -> int:
         db = await self.connect()
         started = time.monotonic()
-        cursor = await db.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": self.batch, **LAG_BUCKETS})
+        # Never prepared: its generic plan (no batch size, no row counts) joins whole day partitions, 2 to 10 times
+        # slower than the plan made for each batch; planning it costs a few milliseconds.
+        cursor = await db.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": self.batch, **LAG_BUCKETS}, prepare=False)
         row = await cursor.fetchone()
         seconds = time.monotonic() - started
         settle_lags = (row[1] or []) if row is not None else []
