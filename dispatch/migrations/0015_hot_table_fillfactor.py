@@ -11,6 +11,7 @@ at creation (dispatch/partitions.py FILLFACTOR). The lock waits at most 5 s, lik
 from django.db import migrations
 
 from dispatch.partitions import FILLFACTOR
+from dispatch.sql import maintenance as maintenance_sql
 
 OUTBOX_FILLFACTOR = 50
 CURSOR_FILLFACTOR = 80
@@ -22,12 +23,8 @@ def set_fillfactors(apps, schema_editor):
         cursor.execute(f"ALTER TABLE dispatch_outboxmessage SET (fillfactor = {OUTBOX_FILLFACTOR})")
         cursor.execute(f"ALTER TABLE schedules_schedulecursor SET (fillfactor = {CURSOR_FILLFACTOR})")
         for parent, fillfactor in FILLFACTOR.items():
-            cursor.execute(
-                "SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid "
-                "JOIN pg_class AS p ON p.oid = i.inhparent WHERE p.relname = %s ORDER BY c.relname",
-                [parent],
-            )
-            for (partition,) in cursor.fetchall():
+            cursor.execute(maintenance_sql.PARTITION_CHILDREN, [parent])  # the day partitions and DEFAULT
+            for (partition,) in sorted(cursor.fetchall()):
                 cursor.execute(f'ALTER TABLE "public"."{partition}" SET (fillfactor = {fillfactor})')
 
 
