@@ -193,7 +193,10 @@ def test_a_queue_that_refuses_every_publish_backs_off_alone_warns_once_and_slows
     assert len(re.findall(r"refuses publishes to", log)) == 1, log
     assert re.search(r"accepts publishes again after \d+ refused publishes", log), log
     assert "publish of envelope" not in log, "no warning per envelope and try"
-    assert len(flowing_lags) == len(flowing_ids) and max(flowing_lags) < 1.0, sorted(flowing_lags)[-5:]
+    # A flexible fire's envelope is released at the next whole second after it (dispatch/outbox.py rounds the
+    # instant up so a second's fires share one envelope), so up to 1 s of each lag is the lane's own design; what
+    # a refused queue must not add is anything beyond a confirmation's few milliseconds on top of that.
+    assert len(flowing_lags) == len(flowing_ids) and max(flowing_lags) < 1.1, sorted(flowing_lags)[-5:]
     assert set(drain(private_rabbit, FLEXIBLE_QUEUE)) >= flowing_ids
     assert set(drain(private_rabbit, STRICT_QUEUE)) >= refused_ids
 
