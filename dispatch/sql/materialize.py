@@ -21,6 +21,18 @@ from __future__ import annotations
 # rows locked for a batch of 2,000, 146 ms).
 # The schedule id comes twice: as a uuid for the rows written, and as text, the first half of each fire's id name
 # (dispatch/identity.py), which PostgreSQL formats in C for a tenth of what Python's str(uuid) costs.
+# A batch reads cursors only through an index or by their address, never by a scan of the table: its transaction
+# turns the other plans off for itself first (set_config(..., true) ends with the transaction).
+# - The due scan must read each shard's range with an ordered index scan: it stops at the limit, needs no sort, and
+#   marks the index entries of cursors already moved (each advance is a new entry: next_run_at is indexed) as dead,
+#   so the next scan skips them. A bitmap scan does neither: it visits every such entry's heap page again on every
+#   batch until a VACUUM. Under steady load PostgreSQL estimated a few rows a shard and chose the bitmap scan whatever
+#   the limit (auto_explain on the steady bench: 145 index entries and 141 heap pages a shard for 9 due cursors,
+#   31,000 pages and ~200 ms a batch of 2,000; 62 ms with this).
+# - ADVANCE_CURSORS must find its rows by address: at 139,000 cursors PostgreSQL costed 2,000 row fetches above one
+#   sequential read of the table, which grows with every schedule (20 M cursors: the whole table, every batch).
+INDEX_READS_ONLY = "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)"
+
 SCAN_DUE_SCHEDULES = """
 SELECT c.schedule_id, c.tenant_id, c.kind, c.cron, c.run_at, c.timezone, c.version, c.next_run_at, c.lane,
        c.flexible_window_seconds, c.priority, c.misfire_policy, c.max_lateness_seconds, c.catchup_limit,
@@ -122,8 +134,11 @@ RETURNING c.schedule_id
 # Rule 3: the cursor moves only if the version and the old cursor still match, so an old node cannot move a
 # cursor backwards or overwrite a newer definition's cursor. (The rows are also locked by the scan.)
 # The rows are found by the physical address the scan returned (ctid; stable while the batch holds their lock): a
-# TID scan, no index probe at all. Joined by id alone, the planner read the whole table for every batch (a hash
-# join, or a sequential scan filtered by `= ANY(ids)`: 36 ms a batch of 2,000 at 300,000 cursors, half the batch).
+# TID scan per row, no index probe at all. Joined by id alone, the planner read the whole table for every batch (a
+# hash join, or a sequential scan filtered by `= ANY(ids)`: 36 ms a batch of 2,000 at 300,000 cursors, half the
+# batch), and with `ctid = ANY(rows)` beside the join it read the table too, filtering every row against the
+# 2,000-element array (auto_explain on the steady bench: 137,000 rows read for 2,000 written, 140-215 ms a batch).
+# The batch's transaction therefore allows no sequential scan (INDEX_READS_ONLY): one TID scan per row.
 # A one-off's cursor becomes NULL here; the maintenance pass above completes the schedule. The schedule row itself
 # is never written by a batch: that would take locks in the opposite order to the control plane's.
 ADVANCE_CURSORS = """
@@ -132,6 +147,5 @@ SET next_run_at = u.new_cursor
 FROM unnest(%(rows)s::text[]::tid[], %(versions)s::int[], %(old_cursors)s::timestamptz[],
             %(new_cursors)s::timestamptz[])
      AS u(row, version, old_cursor, new_cursor)
-WHERE c.ctid = ANY(%(rows)s::text[]::tid[])
-  AND c.ctid = u.row AND c.version = u.version AND c.next_run_at = u.old_cursor
+WHERE c.ctid = u.row AND c.version = u.version AND c.next_run_at = u.old_cursor
 """

@@ -27,9 +27,13 @@ WHERE datname = current_database() AND application_name IS NOT NULL AND applicat
 # last refused publish, and not leased to another live relay. Its own lease (`owner`) is stale by definition: a
 # relay claims between steps, and what an earlier step of the same name left leased was never stamped. A relay
 # that claims nothing sleeps until the earliest of these conditions changes (SECONDS_UNTIL_DUE), never polls them.
+# The bound on available_at is a scalar subquery, read once per statement: a volatile clock_timestamp() compared to
+# the column directly can be no index condition, so the reservation read the whole outbox (a sequential scan, 80,000
+# rows for 1,300 due) and the per-tenant claim walked each tenant's materialized future (the filter never ends an
+# ordered scan). As a subquery it bounds the outbox_due ranges, and each scan stops at the first envelope not due.
 CLAIMABLE = (
     """m.published_at IS NULL
-      AND m.available_at <= clock_timestamp() + make_interval(secs => %(lead)s)
+      AND m.available_at <= (SELECT clock_timestamp() + make_interval(secs => %(lead)s))
       AND (m.retry_at IS NULL OR m.retry_at <= clock_timestamp())
       AND (m.lease_owner IS NULL OR m.lease_owner = %(owner)s OR m.lease_expires_at < clock_timestamp()
            OR m.lease_owner <> ALL ("""
