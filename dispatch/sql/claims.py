@@ -382,7 +382,10 @@ WHERE id = %(attempt_id)s AND scheduled_for = %(scheduled_for)s
 # `envelope_ids` name the envelope each occurrence came in (the message says; NULL when it does not): when the relay
 # has stamped it already, the completion copies its confirmation time and throttled mark onto the row it writes anyway,
 # and settling later finds nothing left to write (dispatch/sql/outbox.py SETTLE_PUBLISHED). Under steady load that
-# is most fires: one write of each occurrence fewer.
+# is most fires: one write of each occurrence fewer. The envelope is found by its primary key alone, its stamp read
+# after: joined on `published_at IS NOT NULL` too, PostgreSQL took the partial index outbox_published (its predicate)
+# and filtered every stamped envelope for each occurrence (auto_explain on the steady bench: 82,000 rows and 56,000
+# of the statement's 61,000 buffers for 198 completions).
 COMPLETE_MANY = """
 WITH mine AS (
     SELECT * FROM unnest(%(occurrence_ids)s::uuid[], %(scheduled_fors)s::timestamptz[], %(generations)s::int[],
@@ -405,10 +408,10 @@ SET state = mine.new_state,
                               FROM schedules_schedule AS s WHERE s.id = o.schedule_id)
                         ELSE mine.reason END,
     enqueued_at = COALESCE(o.enqueued_at, envelope.published_at),
-    throttled = o.throttled OR COALESCE(envelope.throttled, false)
+    throttled = o.throttled OR COALESCE(envelope.published_at IS NOT NULL AND envelope.throttled, false)
 FROM mine
 JOIN locked ON locked.occurrence_id = mine.occurrence_id AND locked.scheduled_for = mine.scheduled_for
-LEFT JOIN dispatch_outboxmessage AS envelope ON envelope.id = mine.envelope_id AND envelope.published_at IS NOT NULL,
+LEFT JOIN dispatch_outboxmessage AS envelope ON envelope.id = mine.envelope_id,
      (SELECT COALESCE(%(now)s::timestamptz, clock_timestamp()) AS now) AS n
 WHERE o.occurrence_id = mine.occurrence_id AND o.scheduled_for = mine.scheduled_for
   AND o.state = mine.held_state AND o.attempt_count = mine.generation

@@ -142,7 +142,10 @@ SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM canceled)
 # updates of the same rows in different orders deadlock), and the lock returns each one's newest version: one a
 # completion filled meanwhile is left as it is, and counted from that version. The rows to lock go through arrays
 # (`pending`): joined to the CTE `seen` directly, PostgreSQL misjudged its size and read the whole day partition for
-# them (2.2 s a statement, measured on the steady bench's database); from unnest it probes the primary key. An
+# them (2.2 s a statement, measured on the steady bench's database); from unnest it probes the primary key. The
+# arrays go in as scalar subqueries (parameters of the plan), not as columns of a lateral join: as columns, each
+# unnested row carried all four arrays through the sort that orders the locks, and a few hundred rows spilled
+# megabytes to temporary files (auto_explain on the steady bench: 10 MB written per statement, ~200 ms). An
 # occurrence in two of the settled envelopes (a retry's beside its first) is locked once, with the earlier stamp.
 # The same statement keeps the enqueue lag histogram (dispatch/counters.py SCHEDULE_LAG and its kin): it visits each
 # occurrence once anyway. Only an occurrence's FIRST publish counts: its enqueued_at is this envelope's stamp (a
@@ -177,9 +180,8 @@ WITH settled AS (
           ORDER BY occurrence_id, scheduled_for, published_at) AS first_stamp
 ), locked AS (
     SELECT o.occurrence_id, o.scheduled_for, o.enqueued_at, u.published_at, u.throttled
-    FROM pending
-    CROSS JOIN LATERAL unnest(pending.ids, pending.fors, pending.stamps, pending.marks)
-        AS u(occurrence_id, scheduled_for, published_at, throttled)
+    FROM unnest((SELECT ids FROM pending), (SELECT fors FROM pending), (SELECT stamps FROM pending),
+                (SELECT marks FROM pending)) AS u(occurrence_id, scheduled_for, published_at, throttled)
     JOIN dispatch_occurrence AS o ON o.occurrence_id = u.occurrence_id AND o.scheduled_for = u.scheduled_for
     ORDER BY o.occurrence_id, o.scheduled_for
     FOR UPDATE OF o

@@ -6,7 +6,7 @@ future, on every step (dispatch/sql/outbox.py CLAIMABLE, dispatch/sql/materializ
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -14,8 +14,12 @@ from django.conf import settings
 from django.db import connection
 
 from dispatch.bench.rows import PLANNING, SCHEDULE_COLUMNS, schedule_row
+from dispatch.engine.settler import LAG_BUCKETS
+from dispatch.models import Occurrence
 from dispatch.outbox import Fire, enqueue
+from dispatch.sql import claims as claim_sql
 from dispatch.sql import materialize as materialize_sql
+from dispatch.sql import outbox as outbox_sql
 from dispatch.sql import quotas as quota_sql
 from schedules.clock import db_now
 
@@ -148,3 +152,77 @@ def test_advancing_a_batch_of_cursors_reads_only_their_rows(cursors_mostly_ahead
     }
     read = rows_read(materialize_sql.ADVANCE_CURSORS, params, "schedules_schedulecursor")
     assert read <= len(batch), f"read {read} cursor rows to advance {len(batch)} (of {CURSORS})"
+
+
+STAMPED = 400
+
+
+@pytest.fixture
+def stamped_fires(tenant_a, make_schedule) -> list[tuple[uuid.UUID, datetime, int]]:
+    """STAMPED fires of one schedule, each in an envelope of its own that the relay has stamped: (occurrence id,
+    instant, envelope id)."""
+    schedule = make_schedule(tenant_a.tenant)
+    start = db_now() - timedelta(minutes=5)
+    rows = [
+        Occurrence(
+            occurrence_id=uuid.uuid4(),
+            schedule=schedule,
+            tenant_id=schedule.tenant_id,
+            schedule_version=schedule.version,
+            scheduled_for=start + timedelta(milliseconds=n),
+            available_at=start + timedelta(milliseconds=n),
+            lane="strict",
+        )
+        for n in range(STAMPED)
+    ]
+    Occurrence.objects.bulk_create(rows)
+    fires = [
+        Fire(r.occurrence_id, r.scheduled_for, r.tenant_id, settings.SCHEDULER_STRICT_QUEUE, r.available_at, 0)
+        for r in rows
+    ]
+    with connection.cursor() as cursor:
+        enqueue(cursor, fires, 1)
+        # Statistics from before the relay stamped them, as a live outbox's often are: few envelopes stamped.
+        cursor.execute("ANALYZE dispatch_outboxmessage")
+        cursor.execute(
+            "UPDATE dispatch_outboxmessage SET published_at = clock_timestamp() WHERE occurrence_ids[1] = ANY(%s) "
+            "RETURNING occurrence_ids[1], id",
+            [[r.occurrence_id for r in rows]],
+        )
+        envelope_of = dict(cursor.fetchall())
+    return [(r.occurrence_id, r.scheduled_for, envelope_of[r.occurrence_id]) for r in rows]
+
+
+@pytest.mark.django_db
+def test_a_completion_reads_only_the_envelopes_its_fires_came_in(stamped_fires):
+    """The batched completion copies each fire's stamp from its own envelope, found by its key; joined on the stamp
+    too, it filtered every stamped envelope for each fire."""
+    mine = stamped_fires[:20]
+    Occurrence.objects.filter(occurrence_id__in=[m[0] for m in mine]).update(state="running", attempt_count=1)
+    params = {
+        "occurrence_ids": [m[0] for m in mine],
+        "scheduled_fors": [m[1] for m in mine],
+        "generations": [1] * len(mine),
+        "new_states": ["succeeded"] * len(mine),
+        "reasons": [""] * len(mine),
+        "held_states": ["running"] * len(mine),
+        "envelope_ids": [m[2] for m in mine],
+        "now": None,
+    }
+    read = rows_read(claim_sql.COMPLETE_MANY, params, "dispatch_outboxmessage")
+    assert read <= len(mine), f"read {read} envelope rows to complete {len(mine)} fires (of {STAMPED} stamped)"
+    stamped = Occurrence.objects.filter(occurrence_id__in=params["occurrence_ids"], enqueued_at__isnull=False)
+    assert stamped.count() == len(mine), "each completion copied its envelope's stamp"
+
+
+@pytest.mark.django_db
+def test_settling_a_batch_sorts_its_locks_in_memory(stamped_fires):
+    """Settling orders the rows it locks; each sorted row once carried the batch's four arrays, and a few hundred
+    rows spilled megabytes to temporary files. 1 MB of work_mem (a quarter of the default) holds the batch."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL work_mem = '1MB'")
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + outbox_sql.SETTLE_PUBLISHED, {"limit": STAMPED, **LAG_BUCKETS})
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "temp read" not in plan and "temp written" not in plan, plan
+    settled = Occurrence.objects.filter(occurrence_id__in=[f[0] for f in stamped_fires], state="enqueued")
+    assert settled.count() == STAMPED
