@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -127,6 +128,9 @@ class EnvelopeClaim:
     drops: list[tuple[uuid.UUID, Drop]] = field(default_factory=list)
     alone: list[tuple[uuid.UUID, datetime]] = field(default_factory=list)
     tenant_id: int | None = None  # the envelope's tenant, as its rows say (None when no row could be read)
+    # When the claim read the rows it decided on (monotonic): the schedule's state and version it checked then are
+    # the pre-check of handlers that start soon after (docs/ARCHITECTURE.md rule 5).
+    checked_at: float = 0.0
 
 
 def claim_many(
@@ -157,6 +161,7 @@ def claim_many(
         "now": now,
     }
     with transaction.atomic(), PreparedCursor() as cursor:
+        result.checked_at = time.monotonic()
         cursor.execute(claim_sql.LOCK_OCCURRENCES, params)
         locked = {row[0]: Observed(*row[1:]) for row in cursor.fetchall()}
         existing: set[int] = set(locked)

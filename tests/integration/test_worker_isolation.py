@@ -3,6 +3,7 @@ of the process, on committed rows (its pool threads have connections of their ow
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,8 @@ from dispatch import counters, tasks
 from dispatch.engine.envelope import EnvelopeRunner
 from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
 from schedules.clock import db_now
+from schedules.models import Schedule
+from schedules.services import cancel_schedule
 from tests import handlers as test_handlers
 from tests.handlers import effects, ensure_effects_table
 from tests.support import wait_for
@@ -187,3 +190,30 @@ def test_a_bundle_of_two_tenants_runs_each_within_its_own_share_and_a_hanging_on
     assert sorted(o.state for o in rows(hanging)) == [OccurrenceState.RETRY_WAIT] * 2 + [OccurrenceState.RUNNING] * 4
     wait_for(lambda: OccurrenceState.RUNNING not in states(hanging), 15, "the slow handlers to end")
     assert running_count(tenant_a.tenant) == running_count(tenant_b.tenant) == 0
+
+
+def test_a_cancel_after_the_batched_claim_stops_every_handler_that_starts_later_than_half_a_second_after_it(
+    tenant_a, fires, settings
+):
+    """The batched claim's own read of the schedule is the pre-check of handlers that start within half a second of
+    it (no second read of the rows it has just written); one that starts later, here behind its tenant's single
+    thread, checks again before its side effect, and a cancel since the claim wins."""
+    settings.SCHEDULER_ENVELOPE_SLICE_SECONDS = 60  # every handler starts within the envelope's turn
+    ensure_effects_table()
+    pool = EnvelopeRunner(2, tenant_share=0.5)  # one thread for the tenant: the handlers run one after another
+    ran: list[dict[str, int]] = []
+    try:
+        occurrences = fires(tenant_a.tenant, 3, handler="sleep", payload={"seconds": 0.8, "effect": True})
+        schedule = Schedule.objects.get(pk=occurrences[0].schedule_id)
+        envelope = threading.Thread(target=lambda: ran.append(run(pool, occurrences)))
+        envelope.start()
+        wait_for(lambda: effects() or OccurrenceState.RUNNING in states(occurrences), 10, "the envelope claimed")
+        cancel_schedule(schedule, actor="test")
+        envelope.join(30)
+    finally:
+        pool.close()
+    started = [call.occurrence_id for call in test_handlers.CALLS if call.schedule_id == schedule.id]
+    assert len(started) == 1, "only the handler that started at once ran; the later two were stopped by their check"
+    later = [o for o in rows(occurrences) if o.occurrence_id not in started]
+    assert {(o.state, o.state_reason) for o in later} == {(OccurrenceState.CANCELED, "schedule canceled")}
+    assert set(effects()) <= set(started)
