@@ -32,10 +32,6 @@ def rows_read(sql: str, params: dict[str, Any], table: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
         plan = cursor.fetchone()[0]
-    if isinstance(plan, str):  # pragma: no cover - depends on the driver's json loader
-        import json
-
-        plan = json.loads(plan)
     total = 0
     stack = [plan[0]["Plan"]]
     while stack:
