@@ -121,8 +121,8 @@ def try_claim(
 @dataclass
 class EnvelopeClaim:
     """What the batched claim of an envelope came to: the claims to run, the deliveries dropped (with why), and the
-    occurrences it left to be decided one by one (`try_claim`): rows another transaction held, overlap policies
-    other than allow (their lock order starts at the schedule row), or everything after a contradicting history."""
+    occurrences it left to be decided one by one (`try_claim`): overlap policies other than allow (their lock order
+    starts at the schedule row), or everything after a contradicting history."""
 
     claims: list[Claim] = field(default_factory=list)
     drops: list[tuple[uuid.UUID, Drop]] = field(default_factory=list)
@@ -143,7 +143,7 @@ def claim_many(
     """Claim an envelope's occurrences in one transaction and a handful of statements, deciding each exactly as
     `try_claim` would (the same steps, the same rules), so a hundred occurrences cost what one used to.
 
-    1. Lock every occurrence of the envelope in one statement, SKIP LOCKED (a held row is left to `try_claim`).
+    1. Lock every occurrence of the envelope in one statement, in primary-key order, waiting for a held row.
     2. Decide each locked row's exits (steps 1-5): drops and side exits, one statement each only where they happen.
     3. Where `blocked(tenant)` says why none of the tenant's handlers could start on this worker soon (its share of
        the pool is held by slow handlers), park the rest in one statement instead of claiming them.
@@ -164,10 +164,6 @@ def claim_many(
         result.checked_at = time.monotonic()
         cursor.execute(claim_sql.LOCK_OCCURRENCES, params)
         locked = {row[0]: Observed(*row[1:]) for row in cursor.fetchall()}
-        existing: set[int] = set(locked)
-        if len(locked) < len(pairs):
-            cursor.execute(claim_sql.EXISTING_OCCURRENCES, params)
-            existing = {row[0] for row in cursor.fetchall()}
         candidates: list[tuple[dict[str, Any], Observed]] = []
         left_running: list[int] = []
         waiting: dict[int, list[tuple[dict[str, Any], Observed]]] = {}
@@ -176,11 +172,11 @@ def claim_many(
             o = locked.get(position)
             if o is not None and result.tenant_id is None:
                 result.tenant_id = o.tenant_id
-            if o is None or o.overlap_policy != OverlapPolicy.ALLOW:
-                if o is None and position not in existing:
-                    result.drops.append((occurrence_id, Drop("unknown", None)))
-                else:
-                    result.alone.append((occurrence_id, scheduled_for))
+            if o is None:
+                result.drops.append((occurrence_id, Drop("unknown", None)))
+                continue
+            if o.overlap_policy != OverlapPolicy.ALLOW:
+                result.alone.append((occurrence_id, scheduled_for))
                 continue
             key = {"occurrence_id": occurrence_id, "scheduled_for": scheduled_for}
             verdict = _exit(cursor, key, o)

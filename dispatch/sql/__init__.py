@@ -3,11 +3,11 @@
 Names are unique across the modules, so a statement is found by name with one grep.
 
 Lock order of occurrence rows: a statement that changes many occurrences and may wait for their locks (the relay's
-settle and throttle marking, the workers' batched completion and lease renewal, a schedule change withdrawing its
-occurrences) locks them in primary-key order first, `ORDER BY occurrence_id, scheduled_for FOR UPDATE`. Two such
+settle and throttle marking, the workers' batched claim, completion and lease renewal, a schedule change withdrawing
+its occurrences) locks them in primary-key order first, `ORDER BY occurrence_id, scheduled_for FOR UPDATE`. Two such
 statements over the same rows then wait for each other instead of deadlocking; in the order their join happened to
 produce they did (seen at 100,000 fires: settle against completion, settle against renewal). Statements that never
-wait (the claims' and the reaper's SKIP LOCKED) need no order.
+wait (the reaper's SKIP LOCKED) need no order.
 """
 
 from __future__ import annotations
