@@ -295,9 +295,13 @@ AXES_VERBOSE = False
 # with p99 1.35 s instead of 3.6 s and workers ran 7,000 occurrences/s instead of 5,400; at 500 the relay gained
 # little more and the workers lost parallelism.
 SCHEDULER_ENVELOPE_SIZE = env_int("SCHEDULER_ENVELOPE_SIZE", 250, minimum=1, maximum=1000)
-# Schedules planned per materializer transaction: large enough to amortise round trips, small enough to keep
-# row locks short for API edits of the same schedules.
-SCHEDULER_MATERIALIZE_BATCH = env_int("SCHEDULER_MATERIALIZE_BATCH", 2000, minimum=1)
+# Schedules planned per materializer transaction. An envelope holds one batch's fires of a tenant, lane and instant,
+# so the batch decides how many envelopes a burst becomes: at 2,000, a 100,000-fire burst over 1,000 tenants was
+# ~50,000 envelopes of two fires and reached the broker up to 10-18 s late under steady load; at 20,000 it is ~5,000
+# envelopes and lag p99 was 0.75 s, and the steady day writes one envelope per tenant and second (docs/BENCHMARKS.md
+# "Claims that wait for a held row"). The price: an API edit of a schedule in the batch waits for it (about a second
+# at its largest), and the materializer's memory peaks near 200 MB instead of 100 MB.
+SCHEDULER_MATERIALIZE_BATCH = env_int("SCHEDULER_MATERIALIZE_BATCH", 20000, minimum=1)
 # Shard lease length; renewed every third of it. A dead materializer's shards move after at most this long,
 # which the horizon must cover.
 SCHEDULER_LEASE_SECONDS = env_float("SCHEDULER_LEASE_SECONDS", 15.0, minimum=1.0)
