@@ -70,7 +70,8 @@ FOR UPDATE OF o
 # cannot deadlock with them. The holder is nearly always the relay's settle step writing enqueued_at (tens of
 # milliseconds): skipping its rows instead sent ~3 % of the steady bench's fires down the one-by-one path, at seven
 # single-row statements each, and that path cost the database more than settling itself (pg_stat_statements over a
-# 3-minute `bench steady --rate 2315 --tenants 1000`: 85 s of 470 s). A row not returned does not exist.
+# 3-minute `bench steady --rate 2315 --tenants 1000`: 85 s of the top statements' 436 s). A row not returned does
+# not exist.
 LOCK_OCCURRENCES = (
     """
 SELECT mine.position, """
