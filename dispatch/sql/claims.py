@@ -298,10 +298,9 @@ SELECT occurrence_id, scheduled_for, tenant_id, lane, priority, available_at FRO
 """
 
 # Handing back occurrences this worker never claimed (the ones an envelope leaves to try_claim: overlap policies
-# other than allow): a first delivery or a due retry goes to retry_wait, attempts
-# untouched, with its own envelope. A retry not yet due is an early duplicate (its own envelope will come), and
-# anything claimed or ended meanwhile is not this delivery's: both are left alone. The lock is waited for here, as
-# try_claim waits for it.
+# other than allow): a first delivery or a due retry goes to retry_wait, attempts untouched, with its own envelope. A
+# retry not yet due is an early duplicate (its own envelope will come), and anything claimed or ended meanwhile is not
+# this delivery's: both are left alone. The lock is waited for here, as try_claim waits for it.
 HAND_BACK_UNCLAIMED = """
 WITH n AS (SELECT COALESCE(%(now)s::timestamptz, statement_timestamp()) AS now),
 locked AS (
