@@ -286,7 +286,7 @@ class Relay:
             stamped = await relay_claims.finish(self.db, stamps, refused=refused, owner=self.owner)
         if stamped:
             crash_point("relay.after_stamp")
-            self.settler.stamped.set()
+            self.settler.note_stamped()
         published = [staged[envelope_id] for envelope_id, stamp in stamps.items() if stamp is not None]
         for envelope in published:
             used[envelope.tenant_id] += envelope.fires

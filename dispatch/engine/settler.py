@@ -6,6 +6,8 @@ The relay stamps one row per envelope at the hot instant (`published_at`). Settl
 second: about 12 envelopes a second, so under steady load the outbox grew without bound and the lag histogram,
 written at settle, left out exactly the fires of a busy hour. Here it loops on its own connection while there is
 work, in batches sized by how long the last statement took, and steps aside while the publisher releases a burst.
+A stamp is settled once it is SETTLE_AFTER_SECONDS old, not at once: by then the worker has usually completed its
+fires and copied the stamp itself, so settling only deletes the envelope and counts its lag.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from typing import Protocol
 
 import psycopg
@@ -36,6 +39,13 @@ SETTLE_TARGET_SECONDS = 0.1
 SETTLE_FIRST_BATCH = 20
 # With nothing to settle, the settler waits for the publisher's next stamp, or this long (another relay's stamps).
 SETTLE_IDLE_SECONDS = 1.0
+# How old a stamp is before it is settled. Settled at once, an envelope's occurrences were still being claimed: the
+# settle statement and the worker's claim waited for each other's row locks, and both wrote each row (the steady
+# bench at 2,315 fires/s: the settler's connection busy ~100 % of the time, ~0.12 s a statement, mostly waiting, and no
+# room to catch up after a burst). A second later the worker has usually completed them and copied the stamp in its
+# completion (dispatch/sql/claims.py COMPLETE_MANY), which the settle statement then leaves alone. The occurrence's
+# enqueued_at is the stamp either way; only its `enqueued` state shows this much later when no worker was first.
+SETTLE_AFTER_SECONDS = 1.0
 # While the publisher releases a full batch (a burst), settling waits at most this long between statements: the
 # burst's publishing comes first (a settle statement beside it cost a 500,000-fire burst 0.4 s of p99), yet a
 # burst that lasts minutes is still settled as it goes.
@@ -59,8 +69,9 @@ class SettleStats(Protocol):
 class Settler:
     """Settles published envelopes for one relay: its own PostgreSQL connection, its own asyncio task.
 
-    The publisher tells it two things: `stamped` (envelopes were just stamped: settle now rather than at the next
-    idle tick) and `quiet` (cleared while a full batch is being released: hold back, up to SETTLE_MAX_DEFER_SECONDS).
+    The publisher tells it two things: `note_stamped()` (envelopes were just stamped: settle them once they are
+    SETTLE_AFTER_SECONDS old rather than at the next idle tick) and `quiet` (cleared while a full batch is being
+    released: hold back, up to SETTLE_MAX_DEFER_SECONDS).
     """
 
     def __init__(self, name: str, conninfo: str, *, most: int, stats: SettleStats) -> None:
@@ -71,6 +82,8 @@ class Settler:
         self.stats = stats
         self.more_waiting = False
         self.stamped = asyncio.Event()
+        # Monotonic times of the publisher's stamps not yet old enough to settle, oldest first.
+        self._stamps: deque[float] = deque()
         self.quiet = asyncio.Event()
         self.quiet.set()
         self._db: psycopg.AsyncConnection | None = None
@@ -92,26 +105,33 @@ class Settler:
             await self._db.close()
             self._db = None
 
-    async def settle(self) -> int:
-        """One settle statement of the current batch size; returns the envelopes it settled.
+    def note_stamped(self) -> None:
+        """The publisher stamped envelopes just now."""
+        self._stamps.append(time.monotonic())
+        self.stamped.set()
+
+    async def settle(self, *, min_age: float = SETTLE_AFTER_SECONDS) -> int:
+        """One settle statement of the current batch size, of envelopes stamped at least `min_age` seconds ago;
+        returns the envelopes it settled.
 
         A connection found dead at its first use (PostgreSQL restarted while the settler waited) is opened again
         and the statement tried once more before it counts as a failure: the outage was the publisher's to report.
         """
         try:
-            return await self._settle_once()
+            return await self._settle_once(min_age)
         except psycopg.OperationalError:
             if self._db is None or not self._db.broken:
                 raise
             await self.close()
-            return await self._settle_once()
+            return await self._settle_once(min_age)
 
-    async def _settle_once(self) -> int:
+    async def _settle_once(self, min_age: float) -> int:
         db = await self.connect()
         started = time.monotonic()
         # Never prepared: its generic plan (no batch size, no row counts) joins whole day partitions, 2 to 10 times
         # slower than the plan made for each batch; planning it costs a few milliseconds.
-        cursor = await db.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": self.batch, **LAG_BUCKETS}, prepare=False)
+        params = {"limit": self.batch, "min_age": min_age, **LAG_BUCKETS}
+        cursor = await db.execute(outbox_sql.SETTLE_PUBLISHED, params, prepare=False)
         row = await cursor.fetchone()
         seconds = time.monotonic() - started
         settle_lags = (row[1] or []) if row is not None else []
@@ -129,7 +149,7 @@ class Settler:
     async def settle_all(self) -> int:
         """Settle until nothing is left (`relay --once`, and a stopping relay's last pass)."""
         total = 0
-        while settled := await self.settle():
+        while settled := await self.settle(min_age=0.0):
             total += settled
         return total
 
@@ -140,15 +160,18 @@ class Settler:
         outage = Outage()
         while not stop.is_set:
             try:
+                if not self.more_waiting and not await self._until_stamps_age():
+                    continue  # a new stamp: wait for it to age
                 if not self.quiet.is_set():
                     await _wait(self.quiet, SETTLE_MAX_DEFER_SECONDS)
-                self.stamped.clear()
+                began = time.monotonic()
                 await self.settle()
                 outage.succeeded()
-                if self.more_waiting:
-                    await asyncio.sleep(0)  # go on at once, letting the publisher's task run in between
-                    continue
-                await _wait(self.stamped, SETTLE_IDLE_SECONDS)
+                if not self.more_waiting:
+                    # Every stamp old enough when the statement began is settled (or another settler's).
+                    while self._stamps and self._stamps[0] <= began - SETTLE_AFTER_SECONDS:
+                        self._stamps.popleft()
+                await asyncio.sleep(0)  # let the publisher's task run in between
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -157,6 +180,16 @@ class Settler:
                 deadline = time.monotonic() + backoff
                 while not stop.is_set and (left := deadline - time.monotonic()) > 0:
                     await asyncio.sleep(min(left, 0.25))
+
+    async def _until_stamps_age(self) -> bool:
+        """Wait until the oldest stamp not settled yet is SETTLE_AFTER_SECONDS old (True). With none, wait for a new
+        stamp (False: then for it to age) or SETTLE_IDLE_SECONDS (True: other relays' stamps are settled too)."""
+        if self._stamps:
+            await asyncio.sleep(max(0.0, self._stamps[0] + SETTLE_AFTER_SECONDS - time.monotonic()))
+            return True
+        self.stamped.clear()
+        await _wait(self.stamped, SETTLE_IDLE_SECONDS)
+        return not self.stamped.is_set()
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> None:

@@ -135,9 +135,10 @@ SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM canceled)
 # enqueued (a worker may already have moved it further; then only enqueued_at is filled), with the envelope's
 # throttled mark, then the envelope row goes. The (occurrence_id, scheduled_for) pair lets PostgreSQL prune to one
 # partition per row.
-# Under steady load a worker has usually completed the occurrence already and, finding the envelope stamped, filled
-# enqueued_at and the throttled mark itself in its completion (dispatch/sql/claims.py COMPLETE_MANY): such a row is
-# neither locked nor written again here. Only rows still without the stamp (or its throttled mark) as of this
+# Only envelopes stamped at least `min_age` seconds ago are taken (the settler's SETTLE_AFTER_SECONDS; 0 settles all):
+# by then a worker has usually completed the occurrence and, finding the envelope stamped, filled enqueued_at and the
+# throttled mark itself in its completion (dispatch/sql/claims.py COMPLETE_MANY): such a row is neither locked nor
+# written again here. Only rows still without the stamp (or its throttled mark) as of this
 # statement's snapshot are locked, in primary-key order as the workers' batched completion locks them (many-row
 # updates of the same rows in different orders deadlock), and the lock returns each one's newest version: one a
 # completion filled meanwhile is left as it is, and counted from that version. The rows to lock go through arrays
@@ -159,7 +160,8 @@ SETTLE_PUBLISHED = """
 WITH settled AS (
     DELETE FROM dispatch_outboxmessage
     WHERE id IN (
-        SELECT id FROM dispatch_outboxmessage WHERE published_at IS NOT NULL
+        SELECT id FROM dispatch_outboxmessage
+        WHERE published_at IS NOT NULL AND published_at <= clock_timestamp() - make_interval(secs => %(min_age)s)
         ORDER BY published_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
     RETURNING occurrence_ids, scheduled_fors, published_at, available_at, throttled
 ), members AS (

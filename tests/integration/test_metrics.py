@@ -40,7 +40,7 @@ def settle_published(envelope_ids: list[int], published_after: timedelta) -> int
             "UPDATE dispatch_outboxmessage SET published_at = available_at + %s WHERE id = ANY(%s)",
             [published_after, envelope_ids],
         )
-        cursor.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": 1000, **_LAG_BUCKETS})
+        cursor.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": 1000, "min_age": 0, **_LAG_BUCKETS})
         return cursor.fetchone()[0]
 
 

@@ -24,6 +24,7 @@ from dispatch.engine.claims import EnvelopeClaim, claim_many
 from dispatch.engine.leases import LeaseRenewer, reap_expired_leases
 from dispatch.engine.relay import _LAG_BUCKETS, database_conninfo
 from dispatch.engine.retry import RunResult
+from dispatch.engine.settler import SETTLE_AFTER_SECONDS
 from dispatch.engine.worker import Claim, complete, run_claimed, try_claim
 from dispatch.envelopes import BODY_VERSION, encode_body
 from dispatch.identity import utc_key
@@ -146,10 +147,11 @@ def in_threads(*targets: Callable[[], Any]) -> list[Any]:
     return results
 
 
-def settle_published() -> int:
-    """One settle statement of the relay over every stamped envelope; returns the occurrences it found."""
+def settle_published(min_age: float = 0.0) -> int:
+    """One settle statement of the relay over every envelope stamped `min_age` seconds ago or earlier; returns the
+    occurrences it found."""
     with connection.cursor() as cursor:
-        cursor.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": 1000, **_LAG_BUCKETS})
+        cursor.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": 1000, "min_age": min_age, **_LAG_BUCKETS})
         return cursor.fetchone()[0]
 
 
@@ -892,6 +894,30 @@ def test_a_row_another_transaction_holds_is_waited_for_and_claimed_in_the_batch(
     (claimed,) = result
     assert claimed.alone == [] and claimed.drops == []
     assert sorted(c.occurrence_id for c in claimed.claims) == sorted(o.occurrence_id for o in occurrences)
+
+
+def test_settling_leaves_a_fresh_stamp_for_the_workers_completion_and_takes_it_once_it_is_old_enough(
+    tenant_a, make_schedule, add_occurrence
+):
+    """The relay settles an envelope SETTLE_AFTER_SECONDS after its stamp: settled at once, its occurrences were
+    still being claimed, and the settle statement and the claim waited for each other's row locks and both wrote
+    each row. A second later the worker has usually completed them and copied the stamp itself."""
+    schedule = make_schedule(tenant_a.tenant)
+    fresh, old = (add_occurrence(schedule, minute=n, state=OccurrenceState.SCHEDULED) for n in range(2))
+    with connection.cursor() as cursor:
+        enqueue(cursor, [Fire.of(o, available_at=o.available_at) for o in (fresh, old)], size=1)
+        cursor.execute(
+            "UPDATE dispatch_outboxmessage SET published_at = clock_timestamp() - CASE WHEN %s = ANY(occurrence_ids)"
+            " THEN interval '5 seconds' ELSE interval '0 seconds' END",
+            [old.occurrence_id],
+        )
+    assert settle_published(min_age=SETTLE_AFTER_SECONDS) == 1
+    assert list(OutboxMessage.objects.values_list("occurrence_ids", flat=True)) == [[fresh.occurrence_id]]
+    assert Occurrence.objects.get(pk=old.pk).state == OccurrenceState.ENQUEUED
+    assert Occurrence.objects.get(pk=fresh.pk).state == OccurrenceState.SCHEDULED, "settled before its second passed"
+    assert settle_published(min_age=0.0) == 1
+    assert not OutboxMessage.objects.exists()
+    assert Occurrence.objects.get(pk=fresh.pk).state == OccurrenceState.ENQUEUED
 
 
 def test_a_completion_copies_its_stamped_envelopes_confirmation_and_settling_writes_the_row_no_more(
