@@ -44,6 +44,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connection, connections
 
 from dispatch.engine import worker
+from dispatch.engine.cancel import CancelEvent
 from dispatch.engine.claim_rules import recheck_delay
 from dispatch.engine.claims import Claim, claim_many, count_started
 from dispatch.engine.envelope_work import DrainId, Entry, EnvelopeWork
@@ -155,7 +156,7 @@ class EnvelopeRunner:
             claims = []
         runnable = [c for c in claims if c.occurrence_id not in verdicts]
         tickets = lease_renewer().register_many(
-            [(claim, threading.Event()) for claim in runnable], worker.handler_deadline()
+            [(claim, CancelEvent()) for claim in runnable], worker.handler_deadline()
         )
         entries = [(claim.tenant_id, Entry(claim, ticket)) for claim, ticket in zip(runnable, tickets, strict=True)]
         work = EnvelopeWork(
@@ -200,13 +201,10 @@ class EnvelopeRunner:
     # --- the pool ------------------------------------------------------------------------------------------------
 
     def _add_drains(self, work: EnvelopeWork, token: str, worker_name: str) -> bool:
-        """Start as many pool tasks on the message as each of its tenants has free slots for; False if the pool is
-        closed."""
+        """Start pool tasks on the message for each of its tenants, up to its free slots, ramped up over the
+        message's rounds (EnvelopeWork.drains_wanted); False if the pool is closed."""
         with work.cond:
-            wanted = {
-                tenant: min(work.todo_count(tenant), self.share.free(tenant)) - work.waiting_drains(tenant)
-                for tenant in work.tenants
-            }
+            wanted = {tenant: work.drains_wanted(tenant, self.share.free(tenant)) for tenant in work.tenants}
         for tenant, count in wanted.items():
             for _ in range(count):
                 task_id = (token, next(self._drain_ids))

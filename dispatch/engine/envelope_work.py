@@ -77,6 +77,8 @@ class EnvelopeWork:
         self.holding = 0  # pool tasks holding a slot of a tenant's share for this message
         self.detached = False  # the task went on: what still runs completes itself
         self.drains: dict[DrainId, tuple[int | None, bool]] = {}  # pool tasks serving it -> (tenant, started yet)
+        self._waiting: Counter[int | None] = Counter()  # per tenant: its pool tasks not started yet
+        self._started: Counter[int | None] = Counter()  # per tenant: its pool tasks started and not ended
         self.cond = threading.Condition()
 
     @property
@@ -86,7 +88,18 @@ class EnvelopeWork:
 
     def waiting_drains(self, tenant: int | None) -> int:
         """Pool tasks scheduled for `tenant` that have not started yet (the caller holds `cond`)."""
-        return sum(1 for owner, started in self.drains.values() if owner == tenant and not started)
+        return self._waiting[tenant]
+
+    def drains_wanted(self, tenant: int | None, free: int) -> int:
+        """How many more pool tasks to start for `tenant`, with `free` slots of its share (the caller holds `cond`).
+
+        At most as many as already run for it, and one to begin with: a task takes the tenant's occurrences one after
+        another, so fast handlers (most) are run by one task per tenant, while slow ones still reach every free slot
+        within a few of the message's rounds (1, 2, 4, 8 tasks, a round every POLL_SECONDS at most). Starting one task
+        per occurrence at once cost a pool hand-off per fire: ~15 % of the worker's Python time at 2,315 fires a
+        second spread over 1,000 tenants (sampled; docs/BENCHMARKS.md "Settling a second later").
+        """
+        return min(self.todo_count(tenant), free, max(1, self._started[tenant])) - self._waiting[tenant]
 
     def todo_count(self, tenant: int | None) -> int:
         queue = self.todo.get(tenant)
@@ -141,16 +154,24 @@ class EnvelopeWork:
     def drain_scheduled(self, task_id: DrainId, tenant: int | None) -> None:
         with self.cond:
             self.drains[task_id] = (tenant, False)
+            self._waiting[tenant] += 1
 
     def drain_started(self, task_id: DrainId, holding: bool) -> None:
         with self.cond:
-            tenant, _ = self.drains.get(task_id, (None, False))
+            tenant, started = self.drains.get(task_id, (None, False))
+            if task_id in self.drains and not started:
+                self._waiting[tenant] -= 1
+            if not started:
+                self._started[tenant] += 1
             self.drains[task_id] = (tenant, True)
             self.holding += holding
 
     def drain_ended(self, task_id: DrainId, holding: bool = False) -> None:
         with self.cond:
-            self.drains.pop(task_id, None)
+            drain = self.drains.pop(task_id, None)
+            if drain is not None:
+                tenant, started = drain
+                (self._started if started else self._waiting)[tenant] -= 1
             self.holding -= holding
             self.cond.notify_all()
 

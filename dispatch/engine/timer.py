@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, NamedTuple
 
+from dispatch.engine.cancel import CancelEvent
+
 logger = logging.getLogger(__name__)
 
 TaskFn = Callable[[threading.Event], object]
@@ -338,7 +340,7 @@ class PriorityTimer:
             heapq.heappop(self._heap)
             version = task.latest
             _transition(version, RUNNING)
-            version.cancel_event = threading.Event()
+            version.cancel_event = CancelEvent()
             task.runs[version.version] = version
             self._live -= 1
             self._running += 1

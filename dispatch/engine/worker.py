@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from dispatch import counters
+from dispatch.engine.cancel import CancelEvent
 from dispatch.engine.claims import EARLY_TOLERANCE, Claim, Drop, schedule_withdraws, try_claim, withdrawal_reason
 from dispatch.engine.faults import crash_point
 from dispatch.engine.leases import Ticket, lease_renewer
@@ -87,7 +88,7 @@ def run_claimed(claim: Claim, cancel_event: threading.Event | None = None, *, re
     verdict = precheck(claim)
     if verdict is not None:
         return verdict
-    cancel_event = cancel_event or threading.Event()
+    cancel_event = cancel_event or CancelEvent()
     ticket = lease_renewer().register(claim, cancel_event, handler_deadline()) if renew_lease else None
     try:
         return run_handler(claim, cancel_event, ticket)
