@@ -379,22 +379,23 @@ def _exit(cursor, key: dict[str, Any], o: Observed) -> Drop | None:
     if expired_run:
         # Its worker died without the reaper noticing yet; close that attempt before taking over.
         cursor.execute(claim_sql.CLOSE_EXPIRED_ATTEMPT, {**key, "now": now, "generation": o.attempt_count})
+    move = _mover(cursor, key, o)
     if schedule_withdraws(o.schedule_state, o.schedule_version, o.occurrence_version, forced=o.forced or o.kept):
-        return _mover(cursor, key, o)(
+        return move(
             OccurrenceState.CANCELED, "schedule_changed", withdrawal_reason(o.schedule_state, o.schedule_version)
         )
     if expired_run and o.attempt_count >= o.max_attempts:
         words = f"attempts exhausted ({o.attempt_count} of {o.max_attempts})"
-        return _mover(cursor, key, o)(OccurrenceState.DEAD, "attempts_exhausted", words)
+        return move(OccurrenceState.DEAD, "attempts_exhausted", words)
     if o.attempt_count > 0:
         deadline = deadline_of(key["scheduled_for"], forced=o.forced)
         if deadline is not None and now > deadline:
-            return _mover(cursor, key, o)(OccurrenceState.DEAD, "deadline_passed", "deadline passed")
+            return move(OccurrenceState.DEAD, "deadline_passed", "deadline passed")
     missed = misfire_reason(cursor, key, o)
     if missed is not None:
-        return _mover(cursor, key, o)(OccurrenceState.MISSED, "missed", missed)
+        return move(OccurrenceState.MISSED, "missed", missed)
     if o.overlap_policy != OverlapPolicy.ALLOW:
-        return overlap_verdict(cursor, key, o, _mover(cursor, key, o))
+        return overlap_verdict(cursor, key, o, move)
     return None
 
 

@@ -158,10 +158,11 @@ class EnvelopeWork:
 
     def drain_started(self, task_id: DrainId, holding: bool) -> None:
         with self.cond:
+            # A task ended before it started (handed back) is still counted while it runs.
             tenant, started = self.drains.get(task_id, (None, False))
-            if task_id in self.drains and not started:
-                self._waiting[tenant] -= 1
             if not started:
+                if task_id in self.drains:
+                    self._waiting[tenant] -= 1
                 self._started[tenant] += 1
             self.drains[task_id] = (tenant, True)
             self.holding += holding

@@ -138,10 +138,10 @@ SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM canceled)
 # Only envelopes stamped at least `min_age` seconds ago are taken (the settler's SETTLE_AFTER_SECONDS; 0 settles all):
 # by then a worker has usually completed the occurrence and, finding the envelope stamped, filled enqueued_at and the
 # throttled mark itself in its completion (dispatch/sql/claims.py COMPLETE_MANY): such a row is neither locked nor
-# written again here. Only rows still without the stamp (or its throttled mark) as of this
-# statement's snapshot are locked, in primary-key order as the workers' batched completion locks them (many-row
-# updates of the same rows in different orders deadlock), and the lock returns each one's newest version: one a
-# completion filled meanwhile is left as it is, and counted from that version. The rows to lock go through arrays
+# written again here. Only rows still without the stamp (or its throttled mark) as of this statement's snapshot are
+# locked, in primary-key order as the workers' batched completion locks them (many-row updates of the same rows in
+# different orders deadlock), and the lock returns each one's newest version: one a completion filled meanwhile is
+# left as it is, and counted from that version. The rows to lock go through arrays
 # (`pending`): joined to the CTE `seen` directly, PostgreSQL misjudged its size and read the whole day partition for
 # them (2.2 s a statement, measured on the steady bench's database); from unnest it probes the primary key. The
 # arrays go in as scalar subqueries (parameters of the plan), not as columns of a lateral join: as columns, each
