@@ -79,9 +79,11 @@ class Role:
         env = dict(self.env)
         if fault:
             env["SCHEDULER_FAULT"] = fault
-            # A worker passes its points once per occurrence, so it may die mid-envelope; the materializer and the
-            # relay pass theirs about once per iteration (one batch).
-            env["SCHEDULER_FAULT_AFTER"] = str(random.randint(1, 3) if self.name == "worker" else 1)
+            # Every role passes its point about once per iteration: the materializer and the relay once per batch,
+            # the worker once per message it claims and per batch of results it completes (an iteration's fires
+            # are claimed together and, run by one pool task per tenant, completed together). A later pass
+            # would often not come within the iteration, which then tests nothing.
+            env["SCHEDULER_FAULT_AFTER"] = "1"
         with self.log_path.open("ab") as log:
             self.process = start_child(
                 self.command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
