@@ -43,7 +43,7 @@ from dispatch.engine.publishing import (
     refused_by_broker,
 )
 from dispatch.engine.relay_claims import Grant, StagedEnvelope
-from dispatch.engine.settler import LAG_BUCKETS, Settler
+from dispatch.engine.settler import Settler
 from dispatch.engine.timer import Claimed, PriorityTimer
 from dispatch.queues import ALL_QUEUES, queue_arguments
 from dispatch.sql import DB_NOW
@@ -58,8 +58,6 @@ ROLE = "relay"
 # Mapping PostgreSQL's clock onto the monotonic one: a trip this quick is exact enough, else the quickest of a few.
 CLOCK_ANCHOR_GOOD_ENOUGH = 0.002
 CLOCK_ANCHOR_TRIES = 3
-# The settle statement's parameters (tests settle by hand with them).
-_LAG_BUCKETS = LAG_BUCKETS
 
 
 def database_conninfo() -> str:

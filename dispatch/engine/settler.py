@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from typing import Protocol
+from typing import Any, Protocol
 
 import psycopg
 
@@ -50,6 +50,22 @@ SETTLE_AFTER_SECONDS = 1.0
 # burst's publishing comes first (a settle statement beside it cost a 500,000-fire burst 0.4 s of p99), yet a
 # burst that lasts minutes is still settled as it goes.
 SETTLE_MAX_DEFER_SECONDS = 1.0
+# The classes of SETTLE_PUBLISHED (dispatch/sql/outbox.py): an envelope of at most this many fires is small; a
+# statement takes up to its batch of small envelopes and one big one per BIG_SHARE of its batch (at least one), so a
+# burst's envelopes never hold the steady ones back and a statement stays near the target duration.
+SETTLE_SMALL_FIRES = 16
+BIG_SHARE = 16
+
+
+def settle_params(limit: int, min_age: float) -> dict[str, Any]:
+    """The parameters of one settle statement of `limit` envelopes stamped at least `min_age` seconds ago."""
+    return {
+        "limit": limit,
+        "big_limit": max(1, limit // BIG_SHARE),
+        "small_fires": SETTLE_SMALL_FIRES,
+        "min_age": min_age,
+        **LAG_BUCKETS,
+    }
 
 
 def next_batch_size(current: int, *, settled: int, seconds: float, most: int) -> int:
@@ -130,7 +146,7 @@ class Settler:
         started = time.monotonic()
         # Never prepared: its generic plan (no batch size, no row counts) joins whole day partitions, 2 to 10 times
         # slower than the plan made for each batch; planning it costs a few milliseconds.
-        params = {"limit": self.batch, "min_age": min_age, **LAG_BUCKETS}
+        params = settle_params(self.batch, min_age)
         cursor = await db.execute(outbox_sql.SETTLE_PUBLISHED, params, prepare=False)
         row = await cursor.fetchone()
         seconds = time.monotonic() - started
@@ -138,12 +154,13 @@ class Settler:
         for lag in settle_lags:
             counters.SETTLE_LAG.observe(max(0.0, float(lag)))
         settled = len(settle_lags)
+        big = row[2] if row is not None else 0
         self.stats.settled_envelopes += settled
-        # A full batch means more is waiting: the run loop goes on at once.
-        self.more_waiting = settled >= self.batch
-        self.batch = next_batch_size(self.batch, settled=settled, seconds=seconds, most=self.most)
+        # A full class means more may be waiting: the run loop goes on at once.
+        self.more_waiting = settled - big >= params["limit"] or big >= params["big_limit"]
+        self.batch = next_batch_size(self.batch, settled=settled - big, seconds=seconds, most=self.most)
         if settled:
-            logger.debug("settled %d envelopes in %.3f s", settled, seconds, extra={"action": "settle"})
+            logger.debug("settled %d envelopes (%d big) in %.3f s", settled, big, seconds, extra={"action": "settle"})
         return settled
 
     async def settle_all(self) -> int:

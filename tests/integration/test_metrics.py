@@ -11,7 +11,8 @@ from django.db import connection
 from django.test import Client
 
 from dispatch import counters
-from dispatch.engine.relay import _LAG_BUCKETS, Relay
+from dispatch.engine.relay import Relay
+from dispatch.engine.settler import settle_params
 from dispatch.identity import occurrence_id_for
 from dispatch.models import OutboxMessage
 from dispatch.outbox import Fire, enqueue
@@ -40,7 +41,7 @@ def settle_published(envelope_ids: list[int], published_after: timedelta) -> int
             "UPDATE dispatch_outboxmessage SET published_at = available_at + %s WHERE id = ANY(%s)",
             [published_after, envelope_ids],
         )
-        cursor.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": 1000, "min_age": 0, **_LAG_BUCKETS})
+        cursor.execute(outbox_sql.SETTLE_PUBLISHED, settle_params(1000, 0))
         return cursor.fetchone()[0]
 
 

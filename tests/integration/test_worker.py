@@ -22,9 +22,9 @@ from dispatch import counters, tasks
 from dispatch.engine import retry, worker
 from dispatch.engine.claims import EnvelopeClaim, claim_many
 from dispatch.engine.leases import LeaseRenewer, reap_expired_leases
-from dispatch.engine.relay import _LAG_BUCKETS, database_conninfo
+from dispatch.engine.relay import database_conninfo
 from dispatch.engine.retry import RunResult
-from dispatch.engine.settler import SETTLE_AFTER_SECONDS
+from dispatch.engine.settler import SETTLE_AFTER_SECONDS, SETTLE_SMALL_FIRES, settle_params
 from dispatch.engine.worker import Claim, complete, run_claimed, try_claim
 from dispatch.envelopes import BODY_VERSION, encode_body
 from dispatch.identity import utc_key
@@ -151,7 +151,7 @@ def settle_published(min_age: float = 0.0) -> int:
     """One settle statement of the relay over every envelope stamped `min_age` seconds ago or earlier; returns the
     occurrences it found."""
     with connection.cursor() as cursor:
-        cursor.execute(outbox_sql.SETTLE_PUBLISHED, {"limit": 1000, "min_age": min_age, **_LAG_BUCKETS})
+        cursor.execute(outbox_sql.SETTLE_PUBLISHED, settle_params(1000, min_age))
         return cursor.fetchone()[0]
 
 
@@ -918,6 +918,30 @@ def test_settling_leaves_a_fresh_stamp_for_the_workers_completion_and_takes_it_o
     assert settle_published(min_age=0.0) == 1
     assert not OutboxMessage.objects.exists()
     assert Occurrence.objects.get(pk=fresh.pk).state == OccurrenceState.ENQUEUED
+
+
+def test_a_bursts_big_envelopes_do_not_hold_back_the_small_ones_stamped_after_them(
+    tenant_a, make_schedule, add_occurrence
+):
+    """Settling takes a statement's small envelopes and a few big ones each in stamp order, not all in one line: a
+    burst's envelopes, full of fires, were rows to write ahead of every steady envelope stamped after them."""
+    schedule = make_schedule(tenant_a.tenant)
+    big_fires = SETTLE_SMALL_FIRES + 1
+    burst = [add_occurrence(schedule, minute=n, state=OccurrenceState.SCHEDULED) for n in range(2 * big_fires)]
+    steady = [add_occurrence(schedule, minute=100 + n, state=OccurrenceState.SCHEDULED) for n in range(3)]
+    with connection.cursor() as cursor:
+        enqueue(cursor, [Fire.of(o, available_at=BASE) for o in burst], size=big_fires)
+        enqueue(cursor, [Fire.of(o, available_at=o.available_at) for o in steady], size=1)
+        cursor.execute(
+            "UPDATE dispatch_outboxmessage SET published_at = clock_timestamp()"
+            " - CASE WHEN cardinality(occurrence_ids) > 1 THEN interval '10 seconds' ELSE interval '5 seconds' END"
+        )
+        cursor.execute(outbox_sql.SETTLE_PUBLISHED, settle_params(len(steady), 0.0))
+    left = list(OutboxMessage.objects.values_list("occurrence_ids", flat=True))
+    assert len(left) == 1 and len(left[0]) == big_fires, "one big envelope per statement of three small ones"
+    settled = Occurrence.objects.filter(state=OccurrenceState.ENQUEUED).values_list("occurrence_id", flat=True)
+    assert {o.occurrence_id for o in steady} <= set(settled), "the small envelopes stamped later were settled"
+    assert len(settled) == len(steady) + big_fires
 
 
 def test_a_completion_copies_its_stamped_envelopes_confirmation_and_settling_writes_the_row_no_more(
