@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import os
@@ -148,3 +149,17 @@ def monotonic() -> float:
 def default_process_name(role: str) -> str:
     """Unique across hosts, restarts and processes: leases, heartbeats and attempts name their owner by it."""
     return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def return_free_memory() -> bool:
+    """Hand the C allocator's free pages back to the system (glibc's malloc_trim); False where there is no glibc.
+
+    A burst's batches allocate their rows, bodies and COPY buffers at once; Python frees them afterwards, but the
+    allocator keeps the pages in its per-thread arenas, so the process's memory stayed at the burst's peak for the
+    rest of its life (the steady bench: the materializer 94 -> 164 MB after its first 100,000-fire burst, for good).
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # 1 if it released pages, 0 if there were none to release
+    except (OSError, AttributeError):
+        return False
+    return True

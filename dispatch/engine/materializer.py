@@ -26,6 +26,7 @@ from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from dispatch import counters
+from dispatch.engine import loop
 from dispatch.engine.faults import crash_point
 from dispatch.engine.leases import reap_expired_leases
 from dispatch.engine.loop import Outage, StopFlag, default_process_name, freeze_startup_heap, monotonic, run_loop
@@ -49,6 +50,9 @@ ROLE = "materializer"
 # schedules past the bound keep their cursors (their row locks end at commit) and the next batches take them. A
 # constant, not a setting: it bounds memory and transaction length, not a policy anyone tunes.
 MAX_FIRES_PER_BATCH = 20_000
+# A batch planning this many fires (a burst's, a catch-up's) has the materializer hand its free memory back once the
+# drain ends; a steady batch plans a second's worth or so and leaves it.
+TRIM_AFTER_FIRES = 5_000
 
 # The scan's row (SCAN_DUE_SCHEDULES): DueSchedule's fields, then the cursor's shard, its row address and the schedule
 # id's text.
@@ -88,6 +92,8 @@ class Materializer:
         # Set while batches come back full (more is due than one batch holds): the helper threads write batches
         # only then (see _helper_step).
         self._draining = False
+        # Set by a batch of many fires (a burst, a catch-up): once the drain ends, free memory goes back.
+        self._trim_due = False
         self.stop = StopFlag()
         self.upkeep = Upkeep()
         self.outage = Outage()  # one for the main loop and the batch threads: an outage is logged once
@@ -202,6 +208,9 @@ class Materializer:
         """
         more_due = self._write_batch(self.clock()).more_due
         self._draining = more_due
+        if not more_due and self._trim_due:
+            self._trim_due = False
+            loop.return_free_memory()  # a burst is written: its memory goes back (dispatch/engine/loop.py)
         return more_due
 
     def _helper_step(self) -> bool:
@@ -251,13 +260,10 @@ class Materializer:
             self._advance_cursors(cursor, plans, [row[ROW_ADDRESS_COLUMN] for row in rows[: len(plans)]])
         crash_point("materializer.after_commit")
         planned = sum(len(p.occurrences) for p in plans)
+        self._trim_due = self._trim_due or planned >= TRIM_AFTER_FIRES
         written = planned if new_ids is None else len(new_ids)
-        missed = sum(
-            1
-            for p in plans
-            for o in p.occurrences
-            if o.state == MISSED and (new_ids is None or o.occurrence_id in new_ids)
-        )
+        new = (o for p in plans for o in p.occurrences if new_ids is None or o.occurrence_id in new_ids)
+        missed = sum(1 for o in new if o.state == MISSED)
         counters.MATERIALIZED.inc(written)
         counters.MATERIALIZER_CONFLICTS.inc(planned - written)
         counters.MISSED.labels("materialize").inc(missed)

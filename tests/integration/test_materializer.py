@@ -11,6 +11,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection, connections
 
+from dispatch.engine import loop
+from dispatch.engine import materializer as materializer_module
 from dispatch.engine.materializer import Materializer
 from dispatch.models import Occurrence, OutboxMessage, ProcessHeartbeat, ShardLease
 from dispatch.outbox import Fire, enqueue
@@ -222,3 +224,21 @@ def test_the_process_loop_scans_again_at_once_only_while_batches_come_back_full(
     assert not Occurrence.objects.filter(schedule=late).exists(), "a helper naps once the due set was drained"
     assert m._drain_step() is False, "the main thread's next scan finds it, and the batch is short"
     assert Occurrence.objects.filter(schedule=late).exists()
+
+
+def test_the_memory_of_a_bursts_batches_goes_back_once_the_drain_ends(tenant_a, make_schedule, monkeypatch):
+    """A batch of many fires (a burst) has the main thread hand the allocator's free pages back once the due set is
+    drained, once; steady batches below the bound leave them (each batch plans a second's worth or so)."""
+    trims: list[bool] = []
+    monkeypatch.setattr(loop, "return_free_memory", lambda: trims.append(True) or True)
+    monkeypatch.setattr(materializer_module, "TRIM_AFTER_FIRES", 6)  # two schedules x three fires in the horizon
+    for n in range(3):
+        make_schedule(tenant_a.tenant, name=f"due-{n}", now=T0 - timedelta(seconds=30))
+    m = materializer(batch_size=2, clock=lambda: T0)
+    assert m._drain_step() is True, "a full batch of six fires: more is due"
+    assert trims == [], "not while the drain goes on"
+    assert m._drain_step() is False
+    assert trims == [True], "the drain ended after a batch at the bound"
+    make_schedule(tenant_a.tenant, name="steady", now=T0 - timedelta(seconds=30))
+    assert m._drain_step() is False
+    assert trims == [True], "three fires: a steady batch keeps its memory"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import platform
 import threading
 import time
 
 import pytest
 
-from dispatch.engine.loop import MAX_ERROR_BACKOFF_SECONDS, StopFlag, run_loop
+from dispatch.engine.loop import MAX_ERROR_BACKOFF_SECONDS, StopFlag, return_free_memory, run_loop
 
 
 class RecordingStop(StopFlag):
@@ -222,3 +223,7 @@ def test_a_stop_flag_naps_not_at_all_for_a_negative_time_or_once_it_is_set():
 
     assert stop.is_set
     assert time.monotonic() - started < 1
+
+
+def test_free_memory_goes_back_through_the_c_allocator():
+    assert return_free_memory() is (platform.libc_ver()[0] == "glibc"), "malloc_trim runs wherever glibc does"
