@@ -156,13 +156,13 @@ SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM canceled)
 # in (name, labels) order like every other writer. `bounds` are the buckets' upper bounds and `les` their labels,
 # "+Inf" last. Returns the number of the envelopes' occurrences found, and each settled envelope's settle lag (now -
 # its confirmation stamp, seconds) for the settler's own histogram, and how many of them were big (below).
-# Envelopes are taken oldest stamp first in two classes: up to `limit` small ones (at most `small_fires` fires: a
-# steady second's envelopes hold two or three) and up to `big_limit` big ones (a burst's, full of fires). Taken in one
-# line, a 100,000-fire burst's 400 envelopes were 100,000 rows to write ahead of every envelope stamped after them: the
-# steady envelopes of every other tenant waited seconds behind them (the steady bench: settle lag p99 6.9 s, max
-# 5.5 s). Now a burst's envelopes are settled a few per statement beside the steady ones, and while they wait the
-# workers complete many of their fires and copy the stamp themselves (COMPLETE_MANY), which leaves nothing here to
-# write for those rows.
+# Envelopes are taken oldest stamp first in two classes, each with a batch of its own (dispatch/engine/settler.py):
+# up to `limit` small ones (at most `small_fires` fires: a steady second's envelopes hold two or three) and up to
+# `big_limit` big ones (a burst's, full of fires). Taken in one line, a 100,000-fire burst's envelopes were 100,000 rows
+# to write ahead of every envelope stamped after them: the steady envelopes of every other tenant waited seconds
+# behind them (the steady bench: settle lag p99 6.9 s, max 5.5 s). Now a burst's envelopes are settled beside the
+# steady ones, and while they wait the workers complete many of their fires and copy the stamp themselves
+# (COMPLETE_MANY), which leaves nothing here to write for those rows.
 SETTLE_PUBLISHED = """
 WITH small AS (
     SELECT id FROM dispatch_outboxmessage

@@ -219,7 +219,7 @@ def test_settling_a_batch_sorts_its_locks_in_memory(stamped_fires):
     rows spilled megabytes to temporary files. 1 MB of work_mem (a quarter of the default) holds the batch."""
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL work_mem = '1MB'")
-        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + outbox_sql.SETTLE_PUBLISHED, settle_params(STAMPED, 0))
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + outbox_sql.SETTLE_PUBLISHED, settle_params(STAMPED, STAMPED, 0))
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "temp read" not in plan and "temp written" not in plan, plan
     settled = Occurrence.objects.filter(occurrence_id__in=[f[0] for f in stamped_fires], state="enqueued")

@@ -41,7 +41,7 @@ def settle_published(envelope_ids: list[int], published_after: timedelta) -> int
             "UPDATE dispatch_outboxmessage SET published_at = available_at + %s WHERE id = ANY(%s)",
             [published_after, envelope_ids],
         )
-        cursor.execute(outbox_sql.SETTLE_PUBLISHED, settle_params(1000, 0))
+        cursor.execute(outbox_sql.SETTLE_PUBLISHED, settle_params(1000, 1000, 0))
         return cursor.fetchone()[0]
 
 

@@ -151,7 +151,7 @@ def settle_published(min_age: float = 0.0) -> int:
     """One settle statement of the relay over every envelope stamped `min_age` seconds ago or earlier; returns the
     occurrences it found."""
     with connection.cursor() as cursor:
-        cursor.execute(outbox_sql.SETTLE_PUBLISHED, settle_params(1000, min_age))
+        cursor.execute(outbox_sql.SETTLE_PUBLISHED, settle_params(1000, 1000, min_age))
         return cursor.fetchone()[0]
 
 
@@ -936,7 +936,7 @@ def test_a_bursts_big_envelopes_do_not_hold_back_the_small_ones_stamped_after_th
             "UPDATE dispatch_outboxmessage SET published_at = clock_timestamp()"
             " - CASE WHEN cardinality(occurrence_ids) > 1 THEN interval '10 seconds' ELSE interval '5 seconds' END"
         )
-        cursor.execute(outbox_sql.SETTLE_PUBLISHED, settle_params(len(steady), 0.0))
+        cursor.execute(outbox_sql.SETTLE_PUBLISHED, settle_params(len(steady), 1, 0.0))
     left = list(OutboxMessage.objects.values_list("occurrence_ids", flat=True))
     assert len(left) == 1 and len(left[0]) == big_fires, "one big envelope per statement of three small ones"
     settled = Occurrence.objects.filter(state=OccurrenceState.ENQUEUED).values_list("occurrence_id", flat=True)
