@@ -1,4 +1,5 @@
-"""Draws the steady benchmark's chart: enqueue lag (p50, p99 per ten seconds) and the outbox over the window.
+"""Draws the steady benchmark's chart: enqueue lag (p50, p99 per ten seconds), the sampled start lag p99 and the
+outbox over the window.
 
 Input: the CSV written by `bench steady --series-out` (one row per outbox sample). Needs matplotlib
 (requirements-bench.txt).
@@ -35,9 +36,14 @@ def main(argv: list[str]) -> int:
         points = [(m, v) for m, v in zip(minutes, values, strict=True) if v is not None]
         if points:
             lag_axis.plot(*zip(*points, strict=True), style, color="#1f4e9c", label=f"enqueue lag {label}")
-    lag_axis.axhline(1.0, color="#b22222", linestyle="--", linewidth=1, label="target p99 1 s")
+    started = [(m, v) for m, v in zip(minutes, column(rows, "start_lag_p99_s"), strict=True) if v is not None]
+    if started:
+        lag_axis.plot(*zip(*started, strict=True), "-", color="#ef6c00", label="start lag p99 (sampled)")
+    lag_axis.axhline(1.0, color="#b22222", linestyle="--", linewidth=1, label="target: enqueue p99 1 s")
+    lag_axis.axhline(5.0, color="#ef6c00", linestyle="--", linewidth=1, label="target: start p99 5 s")
     lag_axis.set_ylabel("seconds (per 10 s of due time)")
     lag_axis.set_yscale("symlog", linthresh=0.1)
+    lag_axis.set_ylim(bottom=0)
     lag_axis.legend(loc="upper right", fontsize=8)
     lag_axis.grid(True, alpha=0.3)
     outbox_axis.plot(minutes, column(rows, "outbox_rows"), color="#2e7d32", label="outbox rows")
