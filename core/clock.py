@@ -6,9 +6,12 @@ from datetime import datetime
 
 from django.db import connection
 
+# PostgreSQL's clock, not the transaction's start: the one every node agrees on (docs/ARCHITECTURE.md rule 1).
+DB_NOW = "SELECT clock_timestamp()"
+
 
 def db_now() -> datetime:
     """The database server's current instant (clock_timestamp(), not the transaction start), aware UTC."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
+        cursor.execute(DB_NOW)
         return cursor.fetchone()[0]

@@ -36,7 +36,7 @@ _ELEMENT_RE = re.compile(r"(?:(\*)|([0-9a-z]+)(?:-([0-9a-z]+))?)(?:/([0-9]+))?",
 
 
 # Defined here, at the bottom of the time-rule modules, so the syntax checks can raise it without importing
-# croniter; schedules.timerules raises the same class for zones, kinds and run_at, and re-exports it.
+# croniter; core.timerules raises the same class for zones, kinds and run_at, and re-exports it.
 class TimeRuleError(ValueError):
     """Raised with a precise, user-facing message; `field` names the API field at fault."""
 

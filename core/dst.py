@@ -1,12 +1,12 @@
 """Where a zone's clock changes meet a rule's fires: the notes a preview shows beside them.
 
-The time rules (schedules/timerules.py; docs/API.md, "Time rules") skip a wall-clock time that does not exist that
+The time rules (core/timerules.py; docs/API.md, "Time rules") skip a wall-clock time that does not exist that
 day (spring forward) and fire a repeated one once, at its first instant (fall back). Both are silent in a list of
 fires: a day is just missing, or an hour looks ordinary. These notes say so, in the words an operator checks a rule
 with. An interval rule is elapsed time, which a clock change never moves: its note says that its fires read
 differently on the local clock from then on (a daily interval at 09:00 EST is at 10:00 EDT after spring forward).
 
-No croniter here: the parsed fields (schedules.cron_syntax) are matched against the few wall-clock minutes a clock
+No croniter here: the parsed fields (core.cron_syntax) are matched against the few wall-clock minutes a clock
 change affects, with the Vixie day rule, exactly as timerules walks them.
 """
 
@@ -16,8 +16,8 @@ import zoneinfo
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from schedules.cron_syntax import CronSpec, TimeRuleError, parse_cron
-from schedules.timerules import parse_timezone
+from core.cron_syntax import CronSpec, TimeRuleError, parse_cron
+from core.timerules import parse_timezone
 
 __all__ = [
     "ClockChange",

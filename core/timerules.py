@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 from croniter import CroniterBadDateError, croniter
 
-from schedules.cron_syntax import CronField, CronSpec, TimeRuleError, normalize_cron, parse_cron
+from core.cron_syntax import CronField, CronSpec, TimeRuleError, normalize_cron, parse_cron
 
 # TimeRuleError is defined with the syntax checks but stays part of this API: TimeRule raises it, and the
 # dispatch plane imports it from here.

@@ -11,16 +11,17 @@ from datetime import UTC, date, datetime, timedelta
 
 from django.db import connection, transaction
 
+from core.choices import ScheduleState
+from core.clock import db_now
+from core.cron_syntax import TimeRuleError
 from dispatch.errors import BackfillRefused
 from dispatch.history import ExpectedFire, expected_fires, version_spans
+from dispatch.occurrences import schedule_state
 from dispatch.outbox import Fire, enqueue
 from dispatch.partitions import ensure_partitions
 from dispatch.quotas import pace_catch_up
+from dispatch.sql import control_plane as control_plane_sql
 from dispatch.sql import maintenance as maintenance_sql
-from schedules.clock import db_now
-from schedules.cron_syntax import TimeRuleError
-from schedules.models import Schedule, ScheduleState
-from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +77,10 @@ def backfill_schedule(
             f"until ({until.isoformat()}) is later than now ({now.isoformat()}): backfill only creates past fires; "
             "future ones are the materializer's."
         )
-    schedule = Schedule.objects.filter(pk=schedule_id).first()
-    if schedule is None:
+    state = schedule_state(schedule_id)
+    if state is None:
         raise BackfillRefused(f"No schedule with id {schedule_id}.")
-    if schedule.state == ScheduleState.CANCELED:
+    if state == ScheduleState.CANCELED:
         raise BackfillRefused(
             f"Schedule {schedule_id} is canceled: workers drop the occurrences of a canceled schedule, so a backfill "
             "would create rows that never run."
@@ -166,9 +167,8 @@ def _write_chunk(chunk: list[ExpectedFire], now: datetime) -> int:
         # Released from now on, paced on the tenant's catch-up budget like any catch-up (only the new rows take
         # it); the lane's queue keeps strict and flexible work apart.
         fresh = [f for f in chunk if f.occurrence_id in new_ids]
-        rates = dict(
-            Tenant.objects.filter(id__in={f.tenant_id for f in fresh}).values_list("id", "max_catchup_per_minute")
-        )
+        cursor.execute(control_plane_sql.TENANT_CATCHUP_RATES, {"tenant_ids": list({f.tenant_id for f in fresh})})
+        rates = dict(cursor.fetchall())
         times = pace_catch_up(cursor, [(f.tenant_id, rates.get(f.tenant_id, 0)) for f in fresh], now=now)
         later = [(f, at) for f, at in zip(fresh, times, strict=True) if at > now]
         if later:

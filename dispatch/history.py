@@ -1,6 +1,6 @@
 """What each schedule version owed: its time-rule snapshot, its validity span and the fires it expected.
 
-Derived only from ScheduleVersion history and the time rules, never from the materializer's code path: the
+Derived only from the schedules' version history and the time rules, never from the materializer's code path: the
 reconciler uses it as an independent second opinion, and backfill to recreate exactly the fires it would expect.
 """
 
@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import Q
-from django.db.models.fields.json import KT
+from django.db import connection
 
+from core.timerules import TimeRule
 from dispatch.identity import occurrence_id_for
-from schedules.models import ScheduleVersion
-from schedules.timerules import TimeRule
+from dispatch.sql import control_plane as control_plane_sql
 
 _ONE_MICROSECOND = timedelta(microseconds=1)
 
@@ -187,51 +186,29 @@ def _fire(span: VersionSpan, at: datetime) -> ExpectedFire:
     )
 
 
-def _overlapping(since: datetime, until: datetime) -> Q:
-    return Q(valid_from__lt=until) & (Q(valid_to__isnull=True) | Q(valid_to__gt=since))
-
-
 def version_spans(schedule_ids: Iterable[uuid.UUID], since: datetime, until: datetime) -> list[VersionSpan]:
-    """The versions of these schedules that overlap [since, until), by schedule then version.
-
-    Only the time fields of the snapshot are read out of the JSON: a payload of up to 64 KiB per version would
-    otherwise dominate the reconciler's memory.
-    """
-    rows = (
-        ScheduleVersion.objects.filter(_overlapping(since, until), schedule_id__in=list(schedule_ids))
-        .order_by("schedule_id", "version")
-        .values(
-            "schedule_id",
-            "tenant_id",
-            "version",
-            "change",
-            "valid_from",
-            "valid_to",
-            state=KT("definition__state"),
-            kind=KT("definition__kind"),
-            cron=KT("definition__cron"),
-            run_at=KT("definition__run_at"),
-            every_seconds=KT("definition__every_seconds"),
-            anchor_at=KT("definition__anchor_at"),
-            timezone=KT("definition__timezone"),
-            lane=KT("definition__lane"),
-            priority=KT("definition__priority"),
+    """The versions of these schedules that overlap [since, until), by schedule then version."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            control_plane_sql.VERSION_SPANS, {"schedule_ids": list(schedule_ids), "since": since, "until": until}
         )
-    )
-    return [VersionSpan.from_row(row) for row in rows]
+        names = [column.name for column in cursor.description]
+        rows = cursor.fetchall()
+    return [VersionSpan.from_row(dict(zip(names, row, strict=True))) for row in rows]
 
 
 def schedule_batches(
     since: datetime, until: datetime, *, tenant_id: int | None = None, batch_size: int = 500
 ) -> Iterator[list[uuid.UUID]]:
     """Ids of schedules with a version overlapping the window, in keyset-paginated batches (memory bounded)."""
-    versions = ScheduleVersion.objects.filter(_overlapping(since, until))
-    if tenant_id is not None:
-        versions = versions.filter(tenant_id=tenant_id)
     last: uuid.UUID | None = None
     while True:
-        page = versions if last is None else versions.filter(schedule_id__gt=last)
-        ids = list(page.order_by("schedule_id").values_list("schedule_id", flat=True).distinct()[:batch_size])
+        with connection.cursor() as cursor:
+            cursor.execute(
+                control_plane_sql.SCHEDULES_WITH_VERSIONS,
+                {"since": since, "until": until, "tenant_id": tenant_id, "after": last, "limit": batch_size},
+            )
+            ids = [row[0] for row in cursor.fetchall()]
         if not ids:
             return
         yield ids

@@ -16,19 +16,30 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.db.models import QuerySet
 
+from core.choices import ScheduleState
+from core.clock import db_now
 from dispatch.errors import ReplayRefused
 from dispatch.identity import manual_occurrence_id_for, occurrence_id_for
 from dispatch.models import IN_FLIGHT_STATES, UNCLAIMED_STATES, Occurrence, OccurrenceState
 from dispatch.outbox import Fire, enqueue
-from dispatch.planning import DueSchedule, PlannedOccurrence, plan_schedule
+from dispatch.planning import PlannedOccurrence, due_schedule_of, plan_schedule
 from dispatch.quotas import pace_planned
+from dispatch.sql import control_plane as control_plane_sql
 from dispatch.sql import maintenance as maintenance_sql
+from dispatch.sql import metrics as metrics_sql
 from dispatch.sql import outbox as outbox_sql
+from dispatch.sql import quotas as quota_sql
 from dispatch.stuck import DEFAULT_STUCK_AFTER_SECONDS, stuck_pages
-from schedules.clock import db_now
-from schedules.models import Schedule, ScheduleState
 
 logger = logging.getLogger(__name__)
+
+
+def schedule_state(schedule_id: uuid.UUID) -> str | None:
+    """The schedule's state, None if it does not exist (read by SQL: the data plane imports no control-plane code)."""
+    with connection.cursor() as cursor:
+        cursor.execute(control_plane_sql.SCHEDULE_STATE, {"schedule_id": schedule_id})
+        row = cursor.fetchone()
+    return row[0] if row else None
 
 
 @dataclass(frozen=True)
@@ -97,24 +108,8 @@ def materialize_owed_fires(schedule, *, now: datetime) -> int:
     The caller holds the schedule's row lock, so the materializer (SKIP LOCKED) cannot plan this schedule at the
     same time; fires it already wrote keep their rows.
     """
-    due = DueSchedule(
-        id=schedule.id,
-        tenant_id=schedule.tenant_id,
-        kind=schedule.kind,
-        cron=schedule.cron,
-        run_at=schedule.run_at,
-        timezone=schedule.timezone,
-        version=schedule.version,
-        next_run_at=schedule.next_run_at,
-        lane=schedule.lane,
-        flexible_window_seconds=schedule.flexible_window_seconds,
-        priority=schedule.priority,
-        misfire_policy=schedule.misfire_policy,
-        max_lateness_seconds=schedule.max_lateness_seconds,
-        catchup_limit=schedule.catchup_limit,
-        catchup_per_minute=schedule.tenant.max_catchup_per_minute,
-        every_seconds=schedule.every_seconds,
-        anchor_at=schedule.anchor_at,
+    due = due_schedule_of(
+        vars(schedule), next_run_at=schedule.next_run_at, catchup_per_minute=schedule.tenant.max_catchup_per_minute
     )
     planned: list[PlannedOccurrence] = []
     while due.next_run_at is not None and due.next_run_at <= now and len(planned) < MAX_OWED_FIRES:
@@ -284,7 +279,7 @@ def replay_dead_occurrence(occurrence_id: uuid.UUID, *, now: datetime) -> None:
         if occurrence is None or occurrence.state != OccurrenceState.DEAD:
             state = occurrence.state if occurrence else "unknown"
             raise ReplayRefused(f"Only a dead occurrence can be replayed; this one is {state}.")
-        if Schedule.objects.filter(pk=occurrence.schedule_id, state=ScheduleState.CANCELED).exists():
+        if schedule_state(occurrence.schedule_id) == ScheduleState.CANCELED:
             raise ReplayRefused("The schedule of this occurrence is canceled; it would not run.")
         Occurrence.objects.filter(occurrence_id=occurrence_id, state=OccurrenceState.DEAD).update(
             state=OccurrenceState.SCHEDULED, available_at=now, finished_at=None, forced=True
@@ -345,7 +340,7 @@ def replay_one(occurrence_id: uuid.UUID, *, now: datetime | None = None) -> Occu
         raise ReplayRefused(
             f"Occurrence {occurrence_id} is {occurrence.state}; only a dead occurrence can be replayed."
         )
-    if Schedule.objects.filter(pk=occurrence.schedule_id, state=ScheduleState.CANCELED).exists():
+    if schedule_state(occurrence.schedule_id) == ScheduleState.CANCELED:
         raise ReplayRefused(
             f"The schedule {occurrence.schedule_id} of occurrence {occurrence_id} is canceled; a replay would not run."
         )
@@ -400,3 +395,38 @@ def replay_stuck(
             progress(len(page))
         logger.info("re-published %d stuck occurrences", len(redriven), extra={"action": "replay_stuck"})
     return StuckReplay(republished=sum(by_state.values()), by_state=dict(sorted(by_state.items())))
+
+
+# --- a deleted tenant --------------------------------------------------------------------------------------------
+
+
+def schedules_of_tenant(tenant_id: int) -> list[uuid.UUID]:
+    """Every schedule of the tenant, read before it is deleted: its occurrences are found through them."""
+    with connection.cursor() as cursor:
+        cursor.execute(control_plane_sql.TENANT_SCHEDULE_IDS, {"tenant_id": tenant_id})
+        return [row[0] for row in cursor.fetchall()]
+
+
+@dataclass(frozen=True)
+class EndedWork:
+    occurrences_canceled: int
+    running_canceled: int
+    envelopes_withdrawn: int
+
+
+def end_tenant_work(tenant_id: int, slug: str, schedule_ids: list[uuid.UUID], *, reason: str) -> EndedWork:
+    """End what a deleted tenant still had pending, in the caller's transaction (docs/DESIGN.md "A deleted
+    tenant"): every occurrence of its schedules that has not ended is canceled with the reason, running ones too
+    (the reaper and the workers' renewals join the schedule, gone with the tenant, so a run left behind would stay
+    `running` for ever); its envelopes go, published or not, and so do its per-tenant engine rows (fire bucket,
+    running count, catch-up and retry windows, lag-series ranking and series); the invalidation mark moves, so what
+    a relay has staged is dropped at its instant."""
+    with connection.cursor() as cursor:
+        cursor.execute(outbox_sql.CANCEL_TENANT_OCCURRENCES, {"schedule_ids": schedule_ids, "reason": reason})
+        canceled, running = cursor.fetchone()
+        cursor.execute(outbox_sql.WITHDRAW_ORPHAN_ENVELOPES, {"tenant_ids": [tenant_id], "reason": reason})
+        envelopes, _ = cursor.fetchone()
+        cursor.execute(quota_sql.FORGET_DELETED_TENANTS, {"tenant_ids": [tenant_id]})
+        cursor.execute(metrics_sql.FORGET_TENANT_LAG_SERIES, {"slug": slug})
+        cursor.execute(outbox_sql.BUMP_INVALIDATION)
+    return EndedWork(canceled, running, envelopes)

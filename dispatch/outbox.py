@@ -2,7 +2,7 @@
 `queue_for_lane` once per schedule where fires are made by the thousand), then `enqueue(cursor, fires)`.
 
 Fires are grouped by (tenant, queue, release instant, priority) and cut into envelopes of SCHEDULER_ENVELOPE_SIZE,
-each stored with its message body (dispatch/envelopes.py) in the caller's transaction: an occurrence that becomes
+each stored with its message body (dispatch/wire.py) in the caller's transaction: an occurrence that becomes
 due commits together with the message that will carry it, so none is ever due without one.
 """
 
@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 
-from dispatch.envelopes import encode_body
 from dispatch.queues import FLEXIBLE_QUEUE, queue_for_lane
 from dispatch.sql import copy_rows
 from dispatch.sql import outbox as outbox_sql
+from dispatch.wire import encode_body
 
 
 class Fire(NamedTuple):

@@ -6,14 +6,14 @@ from __future__ import annotations
 import functools
 import operator
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from core.timerules import TimeRule
 from dispatch.identity import name_prefix, name_suffix, occurrence_id_of
 from dispatch.models import OccurrenceState
-from schedules.timerules import TimeRule
 
 
 def flexible_offset(occurrence_id: uuid.UUID, window_seconds: int) -> timedelta:
@@ -55,6 +55,35 @@ class DueSchedule(NamedTuple):
     @property
     def rule(self) -> TimeRule:
         return _time_rule(self.kind, self.timezone, self.cron, self.run_at, self.every_seconds, self.anchor_at)
+
+
+def due_schedule_of(columns: Mapping[str, Any], **given: Any) -> DueSchedule:
+    """A DueSchedule from a schedule's columns by name (a model row's `vars()`, a definition), `given` taking
+    precedence: the one way the paths outside the materializer's scan (owed fires, the console's preview) build one.
+    Every field must be named by one of the two, so a column missing from a partly loaded row fails here instead of
+    planning with a default."""
+    return DueSchedule(**{name: given[name] if name in given else columns[name] for name in DueSchedule._fields})
+
+
+def late_one_off_fires(definition: Mapping[str, Any], rule: TimeRule, *, now: datetime) -> bool:
+    """Whether a one-off whose run_at has passed would fire now if created, or be recorded missed: its misfire
+    policy decides, by the materializer's own rule (a preview and a create must agree)."""
+    run_at = rule.run_at
+    due = due_schedule_of(
+        definition,
+        id=uuid.uuid4(),
+        tenant_id=0,
+        kind=rule.kind,
+        cron=None,
+        run_at=run_at,
+        timezone=rule.timezone,
+        version=1,
+        next_run_at=run_at,
+        catchup_per_minute=60,
+        every_seconds=None,
+        anchor_at=None,
+    )
+    return bool(plan_schedule(due, now=now, horizon=timedelta(0)).to_enqueue)
 
 
 @functools.lru_cache(maxsize=4096)

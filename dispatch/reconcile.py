@@ -11,13 +11,13 @@ from typing import Any
 
 from django.db import connection
 
+from core.clock import db_now
+from core.cron_syntax import TimeRuleError
 from dispatch.errors import ReconcileInputError
 from dispatch.history import ExpectedFire, VersionSpan, expected_fires, expects, schedule_batches, version_spans
 from dispatch.identity import occurrence_id_for
 from dispatch.sql import maintenance as maintenance_sql
 from dispatch.stuck import DEFAULT_STUCK_AFTER_SECONDS, StuckOccurrence, stuck_pages
-from schedules.clock import db_now
-from schedules.cron_syntax import TimeRuleError
 
 # This module deliberately imports neither dispatch/planning.py nor the materializer: it is the independent second
 # opinion of docs/ARCHITECTURE.md "Observability". A bug shared by both code paths would be invisible to it.

@@ -16,9 +16,10 @@ from celery.worker.strategy import default as default_strategy
 from django.conf import settings
 
 from dispatch import counters
-from dispatch.engine.envelope import EnvelopeRunner
+from dispatch.engine.envelope_runner import EnvelopeRunner
 from dispatch.engine.leases import stop_lease_renewer
-from dispatch.envelopes import RUN_ENVELOPE_TASK, MalformedEnvelope, decode_content, envelope_id_of
+from dispatch.engine.outcomes import Tally
+from dispatch.wire import RUN_ENVELOPE_TASK, MalformedEnvelope, decode_content, envelope_id_of
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def run_envelope(self, *envelopes: Any, **unexpected_kwargs: Any) -> dict[str, i
     """Decode the envelope (or the bundle of small envelopes the relay sent as one message), run each occurrence
     (claim → handler → complete), return the outcome counts.
 
-    Returns when every occurrence is finished, or at the end of the message's turn (dispatch/engine/envelope.py),
+    Returns when every occurrence is finished, or at the end of the message's turn (dispatch/engine/envelope_runner.py),
     so the message is acknowledged after the work (acks_late): by then each occurrence in it is finished, running
     under a renewed lease (the reaper's if this process dies), or handed back with an envelope of its own.
     A message that is not an envelope is logged and dropped, never raised: raising would only fail it the same way
@@ -110,7 +111,7 @@ def run_envelope(self, *envelopes: Any, **unexpected_kwargs: Any) -> dict[str, i
         return {}
     worker_name = f"{self.request.hostname or socket.gethostname()}/{os.getpid()}"
     outcomes = envelope_runner(worker_name).run_parts(parts, worker_name, came_in)
-    retry = outcomes.get("db_error", 0) + outcomes.get("not_run", 0)
+    retry = outcomes.get(Tally.DB_ERROR, 0) + outcomes.get(Tally.NOT_RUN, 0)
     if retry:
         logger.error(
             "envelope %s: %d of %d occurrences not processed; handing it back to the broker",
@@ -121,13 +122,9 @@ def run_envelope(self, *envelopes: Any, **unexpected_kwargs: Any) -> dict[str, i
         )
         time.sleep(REQUEUE_PAUSE_SECONDS)
         raise Reject("database unavailable", requeue=True)
-    logger.info(
-        "envelope %s done: %s",
-        self.request.id,
-        dict(outcomes),
-        extra={"action": "envelope_done"},
-    )
-    return dict(outcomes)
+    counts = {str(outcome): count for outcome, count in outcomes.items()}  # the names, not the enums' reprs
+    logger.info("envelope %s done: %s", self.request.id, counts, extra={"action": "envelope_done"})
+    return counts
 
 
 def _tenant_of(envelope: Any) -> int | None:

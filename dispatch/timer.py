@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, NamedTuple
 
-from dispatch.engine.cancel import CancelEvent
+from dispatch.cancel import CancelEvent
 
 logger = logging.getLogger(__name__)
 

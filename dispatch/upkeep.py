@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,7 +30,6 @@ from django.db import DatabaseError, connection
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from dispatch import counters
-from dispatch.engine.loop import monotonic
 from dispatch.partitions import (
     LOCK_NOT_AVAILABLE,
     OCCURRENCES,
@@ -89,7 +89,7 @@ def table_label(relname: str) -> str:
 class Upkeep:
     """The upkeep of one materializer process: which task is due when, and the streak of failures of each."""
 
-    def __init__(self, *, clock: Callable[[], float] = monotonic) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock  # monotonic seconds: when each task is due again
         self._due = dict.fromkeys(EVERY_SECONDS, 0.0)
         self._failing: dict[str, tuple[int, float]] = {}  # task -> (failed tries in a row, clock at the first)

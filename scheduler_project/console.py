@@ -9,10 +9,9 @@ from datetime import UTC, datetime, time
 from typing import Any
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import ValidationError
@@ -23,14 +22,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.dateparse import parse_date, parse_datetime
 from django.utils.functional import cached_property
 
-from tenants.models import Tenant
-
 __all__ = [
     "EXACT_COUNT_LIMIT",
     "EstimatedCountPaginator",
     "InstantField",
     "PageChangeList",
-    "TenantFilter",
     "bounded_count",
     "estimated_table_rows",
     "log_changes",
@@ -115,25 +111,6 @@ class EstimatedCountPaginator(Paginator):
 
 
 BIGINT_MAX = 2**63 - 1
-
-
-class TenantFilter(admin.SimpleListFilter):
-    """Tenants that can own engine rows: the platform's own public tenant never does."""
-
-    title = "tenant"
-    parameter_name = "tenant__id__exact"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [(str(pk), slug) for pk, slug in Tenant.objects.exclude(schema_name="public").values_list("pk", "slug")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        value = self.value()
-        if not value:
-            return queryset
-        if not value.isdigit() or int(value) > BIGINT_MAX:
-            # The admin answers this with its own "invalid filter" page (?e=1), not a database error.
-            raise IncorrectLookupParameters(f"{value!r} is not a tenant id")
-        return queryset.filter(tenant_id=int(value))
 
 
 def parse_uuid(text: str) -> uuid.UUID | None:

@@ -129,7 +129,7 @@ _database["CONN_HEALTH_CHECKS"] = True
 # No JIT compilation on the platform's connections. Its statements are short, and their generic plans (prepared
 # statements, after five runs) estimate from arrays of unknown length, often above jit_above_cost: the settle
 # statement then spent 3.5 s compiling for 5 ms of work, every run (docs/DESIGN.md "No JIT"). The relay's own
-# connections take the same options (dispatch/engine/relay.py database_conninfo).
+# connections take the same options (dispatch/sql/__init__.py database_conninfo).
 _database_options = _database.setdefault("OPTIONS", {})
 _database_options["options"] = f"{_database_options.get('options', '')} -c jit=off".strip()
 DATABASES = {"default": _database}
@@ -227,11 +227,11 @@ SPECTACULAR_SETTINGS = {
     "PARSER_WHITELIST": ["rest_framework.parsers.JSONParser"],
     # One name per set of choices, wherever it appears (input, output, filters): no hash-suffixed names.
     "ENUM_NAME_OVERRIDES": {
-        "KindEnum": "schedules.models.Kind",
-        "LaneEnum": "schedules.models.Lane",
-        "MisfirePolicyEnum": "schedules.models.MisfirePolicy",
-        "OverlapPolicyEnum": "schedules.models.OverlapPolicy",
-        "ScheduleStateEnum": "schedules.models.ScheduleState",
+        "KindEnum": "core.choices.Kind",
+        "LaneEnum": "core.choices.Lane",
+        "MisfirePolicyEnum": "core.choices.MisfirePolicy",
+        "OverlapPolicyEnum": "core.choices.OverlapPolicy",
+        "ScheduleStateEnum": "core.choices.ScheduleState",
         "OccurrenceStateEnum": "dispatch.models.OccurrenceState",
         "HandlerEnum": "dispatch.handlers.registered_names",
     },

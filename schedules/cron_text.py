@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from schedules.cron_syntax import CronField, CronSpec, parse_cron
+from core.cron_syntax import CronField, CronSpec, parse_cron
 
 __all__ = ["describe_cron"]
 

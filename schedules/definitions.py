@@ -9,12 +9,13 @@ from typing import Any
 
 from django.conf import settings
 
-from dispatch.handlers import is_registered, registered_names
-from schedules.cron_syntax import TimeRuleError, normalize_cron
+from core.choices import Kind, Lane, MisfirePolicy, OverlapPolicy
+from core.cron_syntax import TimeRuleError, normalize_cron
+from core.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, TimeRule, parse_timezone
+from dispatch.services import is_registered, registered_names
 from schedules.errors import ScheduleInvalid
 from schedules.json_input import storable_json
-from schedules.models import DEFINITION_FIELDS, Kind, Lane, MisfirePolicy, OverlapPolicy
-from schedules.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, TimeRule, parse_timezone
+from schedules.models import DEFINITION_FIELDS
 
 # Ranges of the numeric definition fields: (minimum, maximum). Named so the API, admin and docs agree.
 NUMERIC_RANGES: dict[str, tuple[int, int]] = {

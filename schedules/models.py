@@ -7,42 +7,12 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from schedules.timerules import TimeRule
-
-
-class Kind(models.TextChoices):
-    CRON = "cron"
-    ONCE = "once"
-    INTERVAL = "interval"
-
-
-class Lane(models.TextChoices):
-    STRICT = "strict"
-    FLEXIBLE = "flexible"
-
-
-class MisfirePolicy(models.TextChoices):
-    SKIP = "skip"
-    FIRE_ONCE = "fire_once"
-    CATCH_UP = "catch_up"
-
-
-class OverlapPolicy(models.TextChoices):
-    ALLOW = "allow"
-    SKIP_IF_RUNNING = "skip_if_running"
-    QUEUE_ONE = "queue_one"
-
-
-class ScheduleState(models.TextChoices):
-    ACTIVE = "active"
-    PAUSED = "paused"
-    CANCELED = "canceled"
-    COMPLETED = "completed"
-
+from core.choices import Kind, Lane, MisfirePolicy, OverlapPolicy, ScheduleState
+from core.shards import shard_for
+from core.timerules import TimeRule
 
 # The fields that define what a schedule does; each change to one of them is a new version.
 DEFINITION_FIELDS = (
@@ -83,11 +53,6 @@ PLANNING_FIELDS = (
 
 # `Schedule.next_run_at` not assigned since the row was loaded.
 _UNASSIGNED: Any = object()
-
-
-def shard_for(schedule_id: uuid.UUID) -> int:
-    """Logical shard of a schedule: uuid4 bits are uniform, so `id mod N` spreads schedules evenly."""
-    return schedule_id.int % settings.SCHEDULER_SHARDS
 
 
 class ScheduleQuerySet(models.QuerySet):

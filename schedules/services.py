@@ -11,28 +11,22 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 
-from dispatch import occurrences as dispatch_occurrences
-from dispatch.planning import DueSchedule, plan_schedule
-from schedules.clock import db_now
+from core.choices import Kind, ScheduleState
+from core.clock import db_now
+from core.shards import shard_for
+from core.timerules import TimeRule
+from dispatch import services as dispatch_services
 from schedules.definitions import TIME_FIELDS, anchored_at_now, clean_definition, time_rule_of
 from schedules.errors import QuotaExceeded, StateConflict
-from schedules.models import (
-    DEFINITION_FIELDS,
-    Kind,
-    Schedule,
-    ScheduleState,
-    ScheduleVersion,
-    VersionChange,
-    shard_for,
-)
-from schedules.timerules import TimeRule
+from schedules.models import DEFINITION_FIELDS, Schedule, ScheduleVersion, VersionChange
 from tenants.models import Tenant
+from tenants.services import schedules_held
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +36,7 @@ MAX_PREVIEW_COUNT = 100
 @dataclass(frozen=True)
 class CancelResult:
     schedule: Schedule
-    in_flight: list[dispatch_occurrences.InFlight]
+    in_flight: list[dispatch_services.InFlight]
 
 
 def fingerprint(body: dict[str, Any]) -> str:
@@ -75,25 +69,7 @@ def preview_definition(definition: dict[str, Any], *, after: datetime, count: in
     rule = time_rule_of(anchored_at_now(definition, now))
     run_at = rule.run_at
     if rule.kind == Kind.ONCE and run_at is not None and run_at <= min(after, now):
-        due = DueSchedule(
-            id=uuid.uuid4(),
-            tenant_id=0,
-            kind=rule.kind,
-            cron=None,
-            run_at=run_at,
-            timezone=rule.timezone,
-            version=1,
-            next_run_at=run_at,
-            lane=definition["lane"],
-            flexible_window_seconds=definition["flexible_window_seconds"],
-            priority=definition["priority"],
-            misfire_policy=definition["misfire_policy"],
-            max_lateness_seconds=definition["max_lateness_seconds"],
-            catchup_limit=definition["catchup_limit"],
-            catchup_per_minute=60,
-        )
-        plan = plan_schedule(due, now=now, horizon=timedelta(0))
-        return [run_at] if plan.to_enqueue else []
+        return [run_at] if dispatch_services.late_one_off_fires(definition, rule, now=now) else []
     return preview_fires(rule, after=after, count=count)
 
 
@@ -132,7 +108,7 @@ def _lock_for_change(schedule: Schedule, now: datetime) -> Schedule:
     move on, and a fire without a row would be a silent omission (docs/ARCHITECTURE.md rule 7)."""
     locked = _locked(schedule)
     if locked.state == ScheduleState.ACTIVE and locked.next_run_at is not None and locked.next_run_at <= now:
-        dispatch_occurrences.materialize_owed_fires(locked, now=now)
+        dispatch_services.materialize_owed_fires(locked, now=now)
     return locked
 
 
@@ -153,7 +129,7 @@ def _bump(schedule: Schedule, change: str, actor: str, now: datetime, note: str 
     schedule.version += 1
     schedule.save()
     _record_version(schedule, change, actor, now, note)
-    dispatch_occurrences.invalidate_unclaimed_occurrences(
+    dispatch_services.invalidate_unclaimed_occurrences(
         schedule.id,
         schedule.version,
         now,
@@ -204,14 +180,6 @@ def create_schedule(
         raise
     logger.info("created schedule %s for tenant %s", schedule.id, tenant.slug, extra={"action": "create_schedule"})
     return schedule, True
-
-
-def schedules_held(tenant_id: int) -> int:
-    """Active plus paused schedules of a tenant: the counter the database keeps (migration 0005), not a count()."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT held FROM schedules_tenant_schedule_count WHERE tenant_id = %s", [tenant_id])
-        row = cursor.fetchone()
-    return int(row[0]) if row else 0
 
 
 def _lock_tenant(tenant_id: int) -> Tenant:
@@ -322,7 +290,7 @@ def resume_schedule(schedule: Schedule, *, actor: str, note: str = "", now: date
         if schedule.kind == Kind.ONCE and schedule.run_at is not None and schedule.run_at <= now:
             # Fires during a pause are not caught up (docs/API.md, "Schedules"), but a one-off's only fire is
             # recorded, never lost.
-            dispatch_occurrences.record_missed_fire(
+            dispatch_services.record_missed_fire(
                 schedule, at=schedule.run_at, now=now, reason="run_at passed while the schedule was paused"
             )
     logger.info("resumed schedule %s", schedule.id, extra={"action": "resume_schedule"})
@@ -340,7 +308,7 @@ def cancel_schedule(schedule: Schedule, *, actor: str, note: str = "", now: date
             schedule.next_run_at = None
             _bump(schedule, VersionChange.CANCEL, actor, now, note)
             logger.info("canceled schedule %s", schedule.id, extra={"action": "cancel_schedule"})
-        in_flight = dispatch_occurrences.in_flight_occurrences(schedule.id)
+        in_flight = dispatch_services.in_flight_occurrences(schedule.id)
     return CancelResult(schedule=schedule, in_flight=in_flight)
 
 
@@ -353,6 +321,6 @@ def trigger_schedule(
         schedule = Schedule.objects.select_for_update().get(pk=schedule.pk)
         if schedule.state == ScheduleState.CANCELED:
             raise StateConflict("A canceled schedule cannot be triggered.")
-        occurrence_id = dispatch_occurrences.trigger_manual_occurrence(schedule, now=now, trigger_key=trigger_key)
+        occurrence_id = dispatch_services.trigger_manual_occurrence(schedule, now=now, trigger_key=trigger_key)
     logger.info("%s triggered schedule %s", actor, schedule.id, extra={"action": "trigger_schedule"})
     return occurrence_id

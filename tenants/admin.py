@@ -14,11 +14,11 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from scheduler_project.console import SafeActionSelectionMixin
-from schedules.models import Schedule
-from schedules.services import schedules_held as counted_schedules
+from tenants import services as tenant_services
 from tenants.admin_token import TenantTokenMixin
+from tenants.deletion import delete_tenant
 from tenants.models import Domain, Tenant, schema_name_for, validate_slug
-from tenants.services import HOST_PATTERN, QUOTA_FIELDS, delete_tenant, quota_minimum
+from tenants.services import HOST_PATTERN, QUOTA_FIELDS, quota_minimum
 
 
 class TenantForm(forms.ModelForm):
@@ -97,7 +97,7 @@ class TenantAdmin(TenantTokenMixin, SafeActionSelectionMixin, admin.ModelAdmin):
     slug (as provision_tenant does) and neither changes afterwards. Deleting is refused for the public tenant
     and for any tenant that still holds schedules: retiring a tenant with data is not a one-click operation, and
     the delete confirmation page would otherwise try to list millions of related rows. A delete that is allowed
-    goes through tenants.services.delete_tenant (pending work canceled, engine rows cleared, schema dropped).
+    goes through tenants.deletion.delete_tenant (pending work canceled, engine rows cleared, schema dropped).
     """
 
     form = TenantForm
@@ -176,7 +176,7 @@ class TenantAdmin(TenantTokenMixin, SafeActionSelectionMixin, admin.ModelAdmin):
     def schedules_held(self, tenant: Tenant) -> str:
         count = getattr(tenant, "schedules_held_count", None)
         if count is None:
-            count = counted_schedules(tenant.pk)
+            count = tenant_services.schedules_held(tenant.pk)
         url = reverse("admin:schedules_schedule_changelist") + f"?tenant__id__exact={tenant.pk}"
         return format_html('<a href="{}">{} of {}</a>', url, count, tenant.max_schedules)
 
@@ -222,7 +222,7 @@ class TenantAdmin(TenantTokenMixin, SafeActionSelectionMixin, admin.ModelAdmin):
         return actions
 
     def has_delete_permission(self, request: HttpRequest, obj: Tenant | None = None) -> bool:
-        if obj is not None and (obj.is_public or Schedule.objects.for_tenant(obj).exists()):
+        if obj is not None and (obj.is_public or tenant_services.holds_schedules(obj.pk)):
             return False
         return super().has_delete_permission(request, obj)
 

@@ -85,11 +85,11 @@ class Tenant(TenantMixin):
         return self.slug
 
     def delete(self, force_drop: bool = False, *args: object, **kwargs: object) -> tuple[int, dict[str, int]]:
-        """Every deletion of a tenant goes through tenants.services.delete_tenant, which cancels its pending
+        """Every deletion of a tenant goes through tenants.deletion.delete_tenant, which cancels its pending
         occurrences and clears its envelopes and engine rows in the same transaction: left behind, they were never
         granted a fire and counted as due for ever (a relay spun on them). The schema is dropped as django-tenants
         would (`force_drop` or auto_drop_schema)."""
-        from tenants.services import delete_tenant
+        from tenants.deletion import delete_tenant
 
         delete_tenant(self, actor="Tenant.delete()", drop_schema=force_drop or self.auto_drop_schema)
         return 1, {self._meta.label: 1}

@@ -10,7 +10,6 @@ from datetime import datetime
 
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django_tenants.models import TenantMixin
 from django_tenants.utils import schema_context
 
 from tenants.models import Domain, Tenant, schema_name_for, validate_slug
@@ -154,65 +153,17 @@ def ensure_api_token(tenant: Tenant, username: str = API_USERNAME) -> str:
         return token.key
 
 
-# How long the deletion waits for any one lock (a worker completing one of the tenant's occurrences, a materializer
-# batch holding its cursors, an API request in its schema) before it gives up whole, instead of queueing behind it.
-DELETE_LOCK_TIMEOUT = "10s"
+def schedules_held(tenant_id: int) -> int:
+    """Active plus paused schedules of a tenant, what its max_schedules bounds: the counter the database keeps
+    (schedules migration 0005, a trigger on the schedule table), not a count()."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT held FROM schedules_tenant_schedule_count WHERE tenant_id = %s", [tenant_id])
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
 
 
-@dataclass(frozen=True)
-class DeletedTenant:
-    slug: str
-    occurrences_canceled: int
-    running_canceled: int
-    envelopes_withdrawn: int
-
-
-def delete_tenant(tenant: Tenant, *, actor: str, drop_schema: bool = True) -> DeletedTenant:
-    """Delete a tenant and end everything it still had pending, in one transaction. Every deletion comes here: the
-    console's, `Tenant.delete()` and a queryset's delete (tenants/models.py).
-
-    1. The tenant row, its host names and its schedules with their versions and cursors go (django-tenants also
-       drops its schema with its users and tokens, unless `drop_schema` is False). The cursors' deletion waits for
-       a materializer batch holding them, so what that batch wrote is seen by the steps below.
-    2. Every occurrence of its schedules that has not ended is canceled with the reason, running ones too: the
-       reaper and the workers' lease renewals join the schedule, so a run left behind would stay `running` for
-       ever. A worker still running one finds its lease gone and its completion refused; the handler may finish
-       its effect (a cancel that arrives mid-run, as for a canceled schedule).
-    3. Its envelopes go, published or not (what a relay has staged is dropped at its instant, the invalidation mark
-       having moved), and so do its per-tenant engine rows: fire bucket, running count, catch-up and retry windows,
-       lag-series ranking and series, schedule counter.
-    Envelopes a racing writer commits after this (a worker's retry) are withdrawn by the relay the same way.
-    """
-    from dispatch.sql import metrics as metrics_sql
-    from dispatch.sql import outbox as outbox_sql
-    from dispatch.sql import quotas as quota_sql
-    from schedules.models import Schedule
-
-    if tenant.is_public:
-        raise ValidationError("The platform's public tenant serves the console: it cannot be deleted.")
-    reason = f"tenant {tenant.slug} was deleted by {actor}"
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(f"SET LOCAL lock_timeout = '{DELETE_LOCK_TIMEOUT}'")
-        locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
-        schedule_ids = list(Schedule.objects.filter(tenant_id=locked.pk).values_list("id", flat=True))
-        TenantMixin.delete(locked, force_drop=drop_schema)
-        with connection.cursor() as cursor:
-            cursor.execute(outbox_sql.CANCEL_TENANT_OCCURRENCES, {"schedule_ids": schedule_ids, "reason": reason})
-            canceled, running = cursor.fetchone()
-            cursor.execute(outbox_sql.WITHDRAW_ORPHAN_ENVELOPES, {"tenant_ids": [tenant.pk], "reason": reason})
-            envelopes, _ = cursor.fetchone()
-            cursor.execute(quota_sql.FORGET_DELETED_TENANTS, {"tenant_ids": [tenant.pk]})
-            cursor.execute(metrics_sql.FORGET_TENANT_LAG_SERIES, {"slug": tenant.slug})
-            cursor.execute(outbox_sql.BUMP_INVALIDATION)
-    tenant.pk = None  # as Model.delete() leaves an instance
-    logger.warning(
-        "deleted tenant %s (by %s): %d pending occurrences canceled (%d running), %d envelopes withdrawn",
-        tenant.slug,
-        actor,
-        canceled,
-        running,
-        envelopes,
-        extra={"action": "delete_tenant"},
-    )
-    return DeletedTenant(tenant.slug, canceled, running, envelopes)
+def holds_schedules(tenant_id: int) -> bool:
+    """Whether any schedule of the tenant exists, ended ones too: the console deletes only a tenant without any."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT EXISTS (SELECT 1 FROM schedules_schedule WHERE tenant_id = %s)", [tenant_id])
+        return bool(cursor.fetchone()[0])

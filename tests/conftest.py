@@ -13,9 +13,10 @@ from django.db import connection
 from pytest_django.plugin import blocking_manager_key
 from rest_framework.test import APIClient
 
+from core.choices import ScheduleState
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OccurrenceState
-from schedules.models import Schedule, ScheduleCursor, ScheduleState
+from schedules.models import Schedule, ScheduleCursor
 from schedules.services import create_schedule
 from tenants.models import Domain, Tenant
 from tenants.services import Provisioned, provision_tenant

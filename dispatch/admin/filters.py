@@ -10,12 +10,13 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from core.choices import Lane
+from core.clock import db_now
 from dispatch.admin.common import precise_utc
 from dispatch.queues import ALL_QUEUES
 from dispatch.stuck import DEFAULT_STUCK_AFTER_SECONDS, STUCK_PAGE, stuck_pages
 from scheduler_project.console import EARLIEST_INSTANT, parse_instant_text, parse_uuid
-from schedules.clock import db_now
-from schedules.models import Lane, Schedule
+from schedules.models import Schedule
 
 
 class LaneFilter(admin.SimpleListFilter):

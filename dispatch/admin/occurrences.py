@@ -15,6 +15,9 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from core.clock import db_now
+from core.cron_syntax import TimeRuleError
+from core.timerules import local_time
 from dispatch.admin.common import ReadOnlyAdminMixin, precise_utc
 from dispatch.admin.filters import LaneFilter, ScheduledRangeFilter, ScheduleIdFilter, StuckFilter
 from dispatch.errors import ReplayRefused
@@ -24,14 +27,11 @@ from dispatch.timeline import occurrence_ids_in, occurrence_timeline, seconds_te
 from scheduler_project.console import (
     EstimatedCountPaginator,
     PageChangeList,
-    TenantFilter,
     log_changes,
     parse_uuid,
 )
-from schedules.clock import db_now
-from schedules.cron_syntax import TimeRuleError
 from schedules.models import ScheduleVersion
-from schedules.timerules import local_time
+from tenants.filters import TenantFilter
 
 
 class AttemptInline(ReadOnlyAdminMixin, admin.TabularInline):

@@ -11,11 +11,11 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from core.clock import db_now
 from dispatch.admin.common import ReadOnlyAdminMixin, precise_utc
 from dispatch.admin.filters import QueueFilter
 from dispatch.models import OutboxMessage
 from scheduler_project.console import EXACT_COUNT_LIMIT, EstimatedCountPaginator, bounded_count, parse_uuid
-from schedules.clock import db_now
 from tenants.models import Tenant
 
 # --- outbox -----------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from django.db import DatabaseError, connection
 from kombu import Connection as BrokerConnection
 from tqdm import tqdm
 
+from core.clock import db_now
 from dispatch.bench.measure import BurstMeasurements
 from dispatch.bench.processes import PROJECT_ROOT, children_rss_peak_mb, database_url, start_child
 from dispatch.bench.rows import (
@@ -37,7 +38,6 @@ from dispatch.bench.rows import (
     BenchRefused,
     schedule_row,
 )
-from schedules.clock import db_now
 from tenants.models import Tenant
 from tenants.services import provision_tenant
 

@@ -30,13 +30,13 @@ from pathlib import Path
 
 from django.conf import settings
 
+from core.clock import db_now
 from dispatch.bench.effects import EFFECT_HANDLER, effects, ensure_effects_table
 from dispatch.bench.processes import PROJECT_ROOT, database_url, start_child
 from dispatch.engine.faults import FAULT_EXIT_CODE, POINTS
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OccurrenceState
 from dispatch.reconcile import reconcile
-from schedules.clock import db_now
 from schedules.services import create_schedule
 from tenants.models import Tenant
 from tenants.services import provision_tenant

@@ -25,10 +25,10 @@ from typing import Any
 from django.db import connection
 from tqdm import tqdm
 
+from core.clock import db_now
 from dispatch.bench.burst import BurstBenchmark, BurstConfig
 from dispatch.bench.effects import EFFECT_HANDLER, effects, ensure_effects_table
 from dispatch.bench.processes import PROJECT_ROOT, children_rss_peak_mb, start_child
-from schedules.clock import db_now
 
 # Short occurrence leases, so the work of a killed worker is reaped and retried within seconds.
 DRAIN_WORKER_LEASE_SECONDS = 5

@@ -11,8 +11,8 @@ from django.conf import settings
 from django.db import connection
 from kombu import Connection as BrokerConnection
 
-from dispatch.envelopes import decode_content
 from dispatch.queues import queue_arguments
+from dispatch.wire import decode_content
 
 
 class BurstMeasurements:

@@ -8,7 +8,8 @@ from typing import Any
 
 from django.conf import settings
 
-from schedules.models import PLANNING_FIELDS, shard_for
+from core.shards import shard_for
+from schedules.models import PLANNING_FIELDS
 
 BENCH_TENANT_PREFIX = "bench-"
 # Named after the database: two benches (or a bench and a test run) on one broker, each on its own database, must

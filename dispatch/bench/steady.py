@@ -31,13 +31,13 @@ from typing import Any
 from django.db import connection, transaction
 from tqdm import tqdm
 
+from core.clock import db_now
 from dispatch.bench.drain import DrainBenchmark, DrainConfig
 from dispatch.bench.rows import BENCH_TENANT_PREFIX, SCHEDULE_COLUMNS, UNTHROTTLED, schedule_row
 from dispatch.bench.sampling import Readings, Sampler
 from dispatch.bench.steady_stats import settle_buckets, steady_stats
-from dispatch.engine.relay import database_conninfo
+from dispatch.sql import database_conninfo
 from dispatch.sql import quotas as quota_sql
-from schedules.clock import db_now
 from schedules.models import PLANNING_FIELDS
 from tenants.models import Tenant, schema_name_for
 

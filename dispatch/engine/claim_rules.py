@@ -16,11 +16,11 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 
+from core.choices import MisfirePolicy, OverlapPolicy
 from dispatch.models import OccurrenceState
 from dispatch.outbox import Fire, enqueue
 from dispatch.sql import claims as claim_sql
 from dispatch.sql import quotas as quota_sql
-from schedules.models import MisfirePolicy, OverlapPolicy
 
 # First deliveries: the misfire policy may still end them. Parked queue_one occurrences (retry_wait, attempt 0)
 # were judged when they were first delivered; what delays them since is the overlap policy, not an outage.

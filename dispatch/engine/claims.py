@@ -34,6 +34,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
+from core.choices import OverlapPolicy, ScheduleState
 from dispatch import counters
 from dispatch.engine.claim_rules import (
     Drop,
@@ -50,7 +51,6 @@ from dispatch.quotas import lock_running_rows, release_running_slots
 from dispatch.sql import PreparedCursor
 from dispatch.sql import claims as claim_sql
 from dispatch.sql import quotas as quota_sql
-from schedules.models import OverlapPolicy, ScheduleState
 
 logger = logging.getLogger(__name__)
 

@@ -43,17 +43,18 @@ from typing import Any
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connection, connections
 
-from dispatch.engine import worker
-from dispatch.engine.cancel import CancelEvent
+from dispatch.cancel import CancelEvent
+from dispatch.engine import execution
 from dispatch.engine.claim_rules import recheck_delay
 from dispatch.engine.claims import Claim, claim_many, count_started
 from dispatch.engine.envelope_work import DrainId, Entry, EnvelopeWork
 from dispatch.engine.faults import crash_point
 from dispatch.engine.hand_back import hand_back
 from dispatch.engine.leases import Ticket, lease_renewer
+from dispatch.engine.outcomes import RunOutcome, Tally
 from dispatch.engine.pool_share import PoolShare
 from dispatch.engine.retry import RunResult
-from dispatch.engine.timer import PriorityTimer, TimerClosed
+from dispatch.timer import PriorityTimer, TimerClosed
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +68,8 @@ COMPLETE_BATCH_SECONDS = 0.05
 POLL_SECONDS = 0.05
 # A result that is no outcome of the handler: the occurrence stays running under its lease (left to expire, then
 # retried by the reaper) and the envelope goes back to the broker.
-NOT_RUN = RunResult("not_run")
-FAILED_TO_RUN = RunResult("error")
+NOT_RUN = RunResult(RunOutcome.NOT_RUN)
+FAILED_TO_RUN = RunResult(RunOutcome.ERROR)
 
 
 class EnvelopeRunner:
@@ -113,10 +114,10 @@ class EnvelopeRunner:
         except DatabaseError:
             logger.exception("database error claiming an envelope", extra={"action": "occurrence_db_error"})
             connection.close()
-            outcomes["db_error"] += len(pairs)
+            outcomes[Tally.DB_ERROR] += len(pairs)
             return outcomes
         for _, drop in batch.drops:
-            outcomes["parked" if drop.reason == "pool_share" else "dropped"] += 1
+            outcomes[Tally.PARKED if drop.reason == "pool_share" else Tally.DROPPED] += 1
         if batch.claims:
             crash_point("worker.after_claim")
         if batch.claims or batch.alone:
@@ -148,15 +149,15 @@ class EnvelopeRunner:
         try:
             if time.monotonic() - claimed_at > PRECHECK_FRESH_SECONDS:
                 prechecked_at = time.monotonic()
-                verdicts = worker.precheck_many(claims)
+                verdicts = execution.precheck_many(claims)
         except DatabaseError:
             logger.exception("database error before the handlers ran", extra={"action": "occurrence_db_error"})
             connection.close()
-            outcomes["db_error"] += len(claims)
+            outcomes[Tally.DB_ERROR] += len(claims)
             claims = []
         runnable = [c for c in claims if c.occurrence_id not in verdicts]
         tickets = lease_renewer().register_many(
-            [(claim, CancelEvent()) for claim in runnable], worker.handler_deadline()
+            [(claim, CancelEvent()) for claim in runnable], execution.handler_deadline()
         )
         entries = [(claim.tenant_id, Entry(claim, ticket)) for claim, ticket in zip(runnable, tickets, strict=True)]
         work = EnvelopeWork(
@@ -278,8 +279,8 @@ class EnvelopeRunner:
         try:
             verdict = None
             if time.monotonic() - work.prechecked_at > PRECHECK_FRESH_SECONDS:
-                verdict = worker.precheck(claim)
-            result = verdict or worker.run_handler(claim, ticket.cancel_event, ticket)
+                verdict = execution.precheck(claim)
+            result = verdict or execution.run_handler(claim, ticket.cancel_event, ticket)
         except DatabaseError:
             logger.exception(
                 "database error before the handler of occurrence %s",
@@ -304,7 +305,9 @@ class EnvelopeRunner:
         self, work: EnvelopeWork, occurrence_id: uuid.UUID, scheduled_for: datetime, worker_name: str
     ) -> str:
         try:
-            return worker.process_occurrence(occurrence_id, scheduled_for, worker_name, on_claimed=work.claim_decided)
+            return execution.process_occurrence(
+                occurrence_id, scheduled_for, worker_name, on_claimed=work.claim_decided
+            )
         except DatabaseError:
             logger.exception(
                 "database error processing occurrence %s",
@@ -312,7 +315,7 @@ class EnvelopeRunner:
                 extra={"action": "occurrence_db_error", "occurrence_id": str(occurrence_id)},
             )
             connection.close()
-            return "db_error"
+            return Tally.DB_ERROR
         except Exception:
             # A bug, not an outage: redelivering would fail the same way; the reconciler reports the occurrence.
             logger.exception(
@@ -320,7 +323,7 @@ class EnvelopeRunner:
                 occurrence_id,
                 extra={"action": "occurrence_error", "occurrence_id": str(occurrence_id)},
             )
-            return "error"
+            return Tally.ERROR
 
     def _complete(
         self,
@@ -332,9 +335,9 @@ class EnvelopeRunner:
         finished = [(claim, result) for claim, result, _ in results if result not in (NOT_RUN, FAILED_TO_RUN)]
         for _, result, _ in results:
             if result is NOT_RUN:
-                outcomes["db_error"] += 1
+                outcomes[Tally.DB_ERROR] += 1
             elif result is FAILED_TO_RUN:
-                outcomes["error"] += 1
+                outcomes[Tally.ERROR] += 1
         # These handlers are done: their leases need no renewal for the moment it takes to complete them (and one
         # left uncompleted expires and is retried by the reaper). Unregistered first, so a renewal round running
         # meanwhile does not take a completed row for a lost lease.
@@ -342,11 +345,11 @@ class EnvelopeRunner:
         try:
             if finished:
                 crash_point("worker.after_effect")
-                outcomes.update(worker.complete_many(finished, envelopes=envelopes).values())
+                outcomes.update(execution.complete_many(finished, envelopes=envelopes).values())
         except DatabaseError:
             logger.exception("database error completing an envelope", extra={"action": "occurrence_db_error"})
             connection.close()
-            outcomes["db_error"] += len(finished)
+            outcomes[Tally.DB_ERROR] += len(finished)
         return outcomes
 
     # --- the end of a turn ---------------------------------------------------------------------------------------
@@ -387,14 +390,14 @@ class EnvelopeRunner:
             # to the broker for the deliveries never claimed.
             logger.exception("database error handing back an envelope", extra={"action": "occurrence_db_error"})
             connection.close()
-            outcomes["not_run"] += len(unstarted)
+            outcomes[Tally.NOT_RUN] += len(unstarted)
         else:
             if handed:
-                outcomes["handed_back"] += handed
+                outcomes[Tally.HANDED_BACK] += handed
             if len(unstarted) > handed:
-                outcomes["dropped"] += len(unstarted) - handed  # ended or claimed elsewhere meanwhile
+                outcomes[Tally.DROPPED] += len(unstarted) - handed  # ended or claimed elsewhere meanwhile
         if running:
-            outcomes["detached"] += running
+            outcomes[Tally.DETACHED] += running
         return outcomes
 
     # --- lifecycle -----------------------------------------------------------------------------------------------

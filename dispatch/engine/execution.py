@@ -10,7 +10,7 @@
    go back to retry_wait, within the occurrence deadline and the tenant's retry budget, with a new outbox envelope
    in the same transaction.
 Lease renewal and the reaper of expired leases are in dispatch/engine/leases.py; the retry policy in retry.py.
-An envelope's occurrences go through the same three steps in batches (dispatch/engine/envelope.py): `claim_many`,
+An envelope's occurrences go through the same three steps in batches (dispatch/engine/envelope_runner.py): `claim_many`,
 `precheck_many` and `complete_many` take the same decisions for many rows in one statement each.
 
 Every state change is one conditional UPDATE with a row-count check (docs/ARCHITECTURE.md rules 5, 6, 8, 9 and 14).
@@ -30,11 +30,13 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
+from core.choices import OverlapPolicy
 from dispatch import counters
-from dispatch.engine.cancel import CancelEvent
-from dispatch.engine.claims import EARLY_TOLERANCE, Claim, Drop, schedule_withdraws, try_claim, withdrawal_reason
+from dispatch.cancel import CancelEvent
+from dispatch.engine.claims import Claim, Drop, schedule_withdraws, try_claim, withdrawal_reason
 from dispatch.engine.faults import crash_point
 from dispatch.engine.leases import Ticket, lease_renewer
+from dispatch.engine.outcomes import ErrorClass, RunOutcome, Tally
 from dispatch.engine.retry import ERROR_MAX_CHARS, RunResult, backoff_for, classify, plan_retry
 from dispatch.handlers import get_handler
 from dispatch.models import OccurrenceState
@@ -42,20 +44,6 @@ from dispatch.outbox import Fire, enqueue
 from dispatch.quotas import release_running_slots
 from dispatch.sql import PreparedCursor
 from dispatch.sql import claims as claim_sql
-from schedules.models import OverlapPolicy
-
-# The claim's names stay importable from here: this module is the worker service's front door.
-__all__ = [
-    "EARLY_TOLERANCE",
-    "Claim",
-    "Drop",
-    "HandlerContext",
-    "complete",
-    "process_occurrence",
-    "run_claimed",
-    "schedule_withdraws",
-    "try_claim",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +96,7 @@ def run_handler(claim: Claim, cancel_event: threading.Event, ticket: Ticket | No
     try:
         fn = get_handler(claim.handler)
     except KeyError:
-        return RunResult("failed", "permanent", f"unknown handler {claim.handler!r}")
+        return RunResult(RunOutcome.FAILED, ErrorClass.PERMANENT, f"unknown handler {claim.handler!r}")
     deadline = ticket.deadline if ticket is not None else handler_deadline()
     context = HandlerContext(
         occurrence_id=claim.occurrence_id,
@@ -125,7 +113,7 @@ def run_handler(claim: Claim, cancel_event: threading.Event, ticket: Ticket | No
     started = time.monotonic()
     try:
         fn(context)
-        return RunResult("succeeded")
+        return RunResult(RunOutcome.SUCCEEDED)
     except Exception as exc:
         return classify(
             exc,
@@ -165,12 +153,12 @@ def precheck_many(claims: list[Claim]) -> dict[uuid.UUID, RunResult]:
 
 def _precheck_verdict(claim: Claim, row: tuple | None) -> RunResult | None:
     if row is None:
-        return RunResult("fenced", "", "occurrence vanished")
+        return RunResult(RunOutcome.FENCED, ErrorClass.NONE, "occurrence vanished")
     schedule_state, schedule_version, state, attempt_count, forced = row
     if state != OccurrenceState.RUNNING or attempt_count != claim.generation:
-        return RunResult("fenced", "", f"occurrence is {state} at generation {attempt_count}")
+        return RunResult(RunOutcome.FENCED, ErrorClass.NONE, f"occurrence is {state} at generation {attempt_count}")
     if schedule_withdraws(schedule_state, schedule_version, claim.schedule_version, forced=forced):
-        return RunResult("canceled", "", withdrawal_reason(schedule_state, schedule_version))
+        return RunResult(RunOutcome.CANCELED, ErrorClass.NONE, withdrawal_reason(schedule_state, schedule_version))
     return None
 
 
@@ -179,17 +167,25 @@ def _precheck_verdict(claim: Claim, row: tuple | None) -> RunResult | None:
 
 def _outcome(claim: Claim, result: RunResult) -> tuple[str, str, str]:
     """(new occurrence state, attempt outcome, reason in words) before the retry limits are applied."""
-    if result.outcome == "succeeded":
-        return OccurrenceState.SUCCEEDED, "succeeded", ""
-    if result.outcome in ("canceled", "fenced"):
+    if result.outcome == RunOutcome.SUCCEEDED:
+        return OccurrenceState.SUCCEEDED, RunOutcome.SUCCEEDED, ""
+    if result.outcome in (RunOutcome.CANCELED, RunOutcome.FENCED):
         # A fenced pre-check writes canceled too, but its conditional UPDATE finds no row and is refused. The
         # reason of a cancel is read from the schedule by the UPDATE itself.
-        return OccurrenceState.CANCELED, "canceled", ""
-    if result.error_class == "transient" and claim.generation < claim.max_attempts:
-        return OccurrenceState.RETRY_WAIT, "failed", ""
-    if result.error_class == "transient":
-        return OccurrenceState.DEAD, "failed", f"attempts exhausted ({claim.generation} of {claim.max_attempts})"
-    return OccurrenceState.DEAD, "failed", f"permanent error (attempt {claim.generation} of {claim.max_attempts})"
+        return OccurrenceState.CANCELED, RunOutcome.CANCELED, ""
+    if result.error_class == ErrorClass.TRANSIENT and claim.generation < claim.max_attempts:
+        return OccurrenceState.RETRY_WAIT, RunOutcome.FAILED, ""
+    if result.error_class == ErrorClass.TRANSIENT:
+        return (
+            OccurrenceState.DEAD,
+            RunOutcome.FAILED,
+            f"attempts exhausted ({claim.generation} of {claim.max_attempts})",
+        )
+    return (
+        OccurrenceState.DEAD,
+        RunOutcome.FAILED,
+        f"permanent error (attempt {claim.generation} of {claim.max_attempts})",
+    )
 
 
 def complete(claim: Claim, result: RunResult, now: datetime | None = None) -> str:
@@ -237,7 +233,7 @@ def complete(claim: Claim, result: RunResult, now: datetime | None = None) -> st
                 "attempt_id": claim.attempt_id,
                 "scheduled_for": claim.scheduled_for,
                 "now": row[1] if row else now,
-                "outcome": "fenced" if fenced else attempt_outcome,
+                "outcome": RunOutcome.FENCED if fenced else attempt_outcome,
                 "error_class": result.error_class,
                 "error": result.error[:ERROR_MAX_CHARS],
             },
@@ -290,7 +286,7 @@ def complete_many(
                     "attempt_ids": [c.attempt_id for c, *_ in batch],
                     "scheduled_fors": [c.scheduled_for for c, *_ in batch],
                     "outcomes": [
-                        attempt_outcome if c.occurrence_id in done else "fenced"
+                        attempt_outcome if c.occurrence_id in done else RunOutcome.FENCED
                         for c, _, _, attempt_outcome, _ in batch
                     ],
                     "error_classes": [r.error_class for _, r, *_ in batch],
@@ -311,7 +307,7 @@ def complete_many(
 def _report_completion(claim: Claim, result: RunResult, new_state: str | None, reason: str) -> str:
     """Count and log one completion (`new_state` None: fenced); returns its outcome."""
     fenced = new_state is None
-    outcome = "fenced" if new_state is None else str(new_state)
+    outcome = RunOutcome.FENCED if new_state is None else str(new_state)
     counters.WORKER_COMPLETIONS.labels(outcome).inc()
     if outcome == OccurrenceState.RETRY_WAIT:
         counters.WORKER_RETRIES.inc()
@@ -358,7 +354,7 @@ def process_occurrence(
         if on_claimed is not None:
             on_claimed()
     if isinstance(outcome, Drop):
-        return "dropped"
+        return Tally.DROPPED
     crash_point("worker.after_claim")
     result = run_claimed(outcome, cancel_event)
     crash_point("worker.after_effect")

@@ -1,5 +1,5 @@
 """Handing back work a worker took but will not start now: an envelope whose turn on the worker ended before some of
-its occurrences started, or whose tenant cannot start anything here (dispatch/engine/envelope.py).
+its occurrences started, or whose tenant cannot start anything here (dispatch/engine/envelope_runner.py).
 
 Nothing handed back ran under the claim that took it, so nothing of it is kept: the attempt goes, the generation the
 next claim takes is the same, and the occurrence waits in retry_wait for an envelope of its own, under its own id.

@@ -25,11 +25,11 @@ from typing import Protocol
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
+from core.clock import DB_NOW
 from dispatch import counters
 from dispatch.models import OccurrenceState
 from dispatch.outbox import Fire, enqueue
 from dispatch.quotas import release_running_slots
-from dispatch.sql import DB_NOW
 from dispatch.sql import claims as claim_sql
 from dispatch.sql import leases as lease_sql
 from dispatch.sql import quotas as quota_sql
@@ -48,7 +48,7 @@ RETRY_WINDOWS_KEPT_SECONDS = 3600
 
 
 class Leased(Protocol):
-    """What the renewer needs of a claim (dispatch.engine.worker.Claim): which attempt holds which occurrence."""
+    """What the renewer needs of a claim (dispatch.engine.claims.Claim): which attempt holds which occurrence."""
 
     @property
     def occurrence_id(self) -> uuid.UUID: ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import gc
 import logging
@@ -11,7 +12,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +130,55 @@ def run_loop(
         if once:
             return
         stop.sleep(idle_seconds() if callable(idle_seconds) else idle_seconds)
+
+
+# An async nap wakes this often to see the stop flag (and to run its tick): SIGTERM ends even a long backoff at once.
+NAP_SLICE_SECONDS = 0.25
+
+
+async def nap_async(stop: StopFlag, seconds: float, *, tick: Callable[[], Awaitable[None]] | None = None) -> None:
+    """The async face of StopFlag.sleep, on the monotonic clock: in slices, so a stop ends the nap within one, and
+    `tick` runs at each slice (a loop backing off from an outage still writes its heartbeat)."""
+    deadline = time.monotonic() + seconds
+    while not stop.is_set and (left := deadline - time.monotonic()) > 0:
+        if tick is not None:
+            await tick()
+        await asyncio.sleep(min(left, NAP_SLICE_SECONDS))
+
+
+async def run_loop_async(
+    step: Callable[[], Awaitable[bool]],
+    stop: StopFlag,
+    *,
+    idle_seconds: Callable[[], Awaitable[float]],
+    once: bool = False,
+    on_error: Callable[[BaseException], None] | None = None,
+    outage: Outage | None = None,
+    while_out: Callable[[], Awaitable[None]] | None = None,
+) -> bool:
+    """The async face of run_loop, for a process whose steps await (the relay): the same steps, idling, backoff
+    and outage log. `idle_seconds` is asked after an idle step, inside the same guard as the step; `while_out` runs
+    during each backoff's nap. Returns True when `once` ended it at the first idle step, False when stopped."""
+    outage = outage or Outage()
+    while not stop.is_set:
+        try:
+            did_work = await step()
+            idle = 0.0 if did_work or once else await idle_seconds()
+        except Exception as exc:
+            if once:
+                raise
+            backoff = outage.failed(exc)
+            if on_error is not None:
+                on_error(exc)
+            await nap_async(stop, backoff, tick=while_out)
+            continue
+        outage.succeeded()
+        if did_work:
+            continue
+        if once:
+            return True
+        await nap_async(stop, idle)
+    return False
 
 
 def freeze_startup_heap() -> None:

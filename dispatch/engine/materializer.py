@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
+from core.clock import db_now
 from dispatch import counters
 from dispatch.engine import loop
 from dispatch.engine.faults import crash_point
@@ -39,7 +40,6 @@ from dispatch.sql import PreparedCursor
 from dispatch.sql import leases as lease_sql
 from dispatch.sql import materialize as materialize_sql
 from dispatch.upkeep import Upkeep
-from schedules.clock import db_now
 
 logger = logging.getLogger(__name__)
 

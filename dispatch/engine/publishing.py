@@ -24,7 +24,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from aiormq.exceptions import DeliveryError
 
-from dispatch.envelopes import bundle_body, message_headers, task_id_for
+from dispatch.wire import bundle_body, message_headers, task_id_for
 
 if TYPE_CHECKING:
     from dispatch.engine.relay_claims import StagedEnvelope

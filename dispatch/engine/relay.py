@@ -27,12 +27,12 @@ import aio_pika
 import psycopg
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from django.conf import settings
-from django.db import connection as django_connection
 
+from core.clock import DB_NOW
 from dispatch import counters
 from dispatch.engine import relay_claims
 from dispatch.engine.faults import crash_point
-from dispatch.engine.loop import Outage, StopFlag, default_process_name
+from dispatch.engine.loop import Outage, StopFlag, default_process_name, run_loop_async
 from dispatch.engine.publishing import (
     BrokerBlocked,
     PublishFailed,
@@ -44,13 +44,11 @@ from dispatch.engine.publishing import (
 )
 from dispatch.engine.relay_claims import Grant, StagedEnvelope
 from dispatch.engine.settler import Settler
-from dispatch.engine.timer import Claimed, PriorityTimer
 from dispatch.queues import ALL_QUEUES, queue_arguments
-from dispatch.sql import DB_NOW
+from dispatch.sql import database_conninfo
 from dispatch.sql import leases as lease_sql
 from dispatch.sql import outbox as outbox_sql
-
-__all__ = ["BrokerBlocked", "Grant", "PublishFailed", "Relay", "RelayStats", "StagedEnvelope"]
+from dispatch.timer import Claimed, PriorityTimer
 
 logger = logging.getLogger(__name__)
 
@@ -58,19 +56,6 @@ ROLE = "relay"
 # Mapping PostgreSQL's clock onto the monotonic one: a trip this quick is exact enough, else the quickest of a few.
 CLOCK_ANCHOR_GOOD_ENOUGH = 0.002
 CLOCK_ANCHOR_TRIES = 3
-
-
-def database_conninfo() -> str:
-    """The Django connection's parameters (the test database under pytest) as a libpq conninfo string."""
-    params = django_connection.settings_dict
-    return psycopg.conninfo.make_conninfo(
-        dbname=params["NAME"],
-        user=params.get("USER") or None,
-        password=params.get("PASSWORD") or None,
-        host=params.get("HOST") or None,
-        port=str(params["PORT"]) if params.get("PORT") else None,
-        options=params.get("OPTIONS", {}).get("options") or None,
-    )
 
 
 @dataclass
@@ -257,20 +242,12 @@ class Relay:
         return claimed + withdrawn
 
     async def _publish_claimed(self, grants: dict[int, Grant], used: dict[int, int]) -> int:
-        """Steps 2 to 4 of publish_due. Adds the fires sent per tenant to `used`; returns the envelopes claimed."""
-        self._rotation += 1
-        shares = relay_claims.lane_shares(
-            grants, batch_size=self.batch_size, flexible_min_share=self.flexible_min_share, rotation=self._rotation
-        )
+        """Steps 2 to 4 of publish_due: stage, release, stamp. Adds the fires sent per tenant to `used`; returns the
+        envelopes claimed."""
         claim_started = time.monotonic()
-        staged = await relay_claims.claim(
-            self.db, grants, shares, owner=self.owner, lead=self.stage_seconds, lease=self.lease_seconds
-        )
+        staged = await self._stage(grants)
         if not staged:
             return 0
-        logger.debug(
-            "claimed %d envelopes in %.3f s", len(staged), time.monotonic() - claim_started, extra={"action": "claim"}
-        )
         stamps: dict[int, datetime | None] = dict.fromkeys(staged)
         refused: set[int] = set()
         broken: list[BaseException] = []
@@ -279,25 +256,11 @@ class Relay:
         finally:
             # Whatever ended the release (done, stopped, blocked, cancelled), the claim ends in one short statement:
             # the confirmed envelopes stamped, the others handed back. If this statement fails, the lease does it.
-            if any(stamp is not None for stamp in stamps.values()):
-                crash_point("relay.after_publish")
-            stamped = await relay_claims.finish(self.db, stamps, refused=refused, owner=self.owner)
-        if stamped:
-            crash_point("relay.after_stamp")
-            self.settler.note_stamped()
+            stamped = await self._stamp(stamps, refused)
         published = [staged[envelope_id] for envelope_id, stamp in stamps.items() if stamp is not None]
         for envelope in published:
             used[envelope.tenant_id] += envelope.fires
-        occurrences = sum(envelope.fires for envelope in published)
-        self.stats.published_envelopes += len(published)
-        self.stats.published_occurrences += occurrences
-        counters.RELAY_PUBLISHED_ENVELOPES.inc(len(published))
-        counters.RELAY_PUBLISHED_OCCURRENCES.inc(occurrences)
-        counters.RELAY_FAILED_PUBLISHES.inc(len(refused) + len(broken))
-        if refused or broken:
-            # A returned message usually means its queue is gone: declare the queues again before the next step,
-            # also when other envelopes of this step went through.
-            self._queues_declared = False
+        self._count(published, refused, broken)
         blocked = next((exc for exc in broken if isinstance(exc, BrokerBlocked)), None)
         if blocked is not None:
             raise blocked
@@ -311,14 +274,52 @@ class Relay:
                 extra={"action": "publish_failed"},
             )
         logger.debug(
-            "published %d envelopes (%d occurrences, %d stamped); %.3f s after the claim",
+            "published %d envelopes (%d stamped); %.3f s after the claim",
             len(published),
-            occurrences,
             len(stamped),
             time.monotonic() - claim_started,
             extra={"action": "publish"},
         )
         return len(staged)
+
+    async def _stage(self, grants: dict[int, Grant]) -> dict[int, StagedEnvelope]:
+        """Step 2: claim each lane's envelopes by weighted fair shares of the batch, leased to this relay."""
+        self._rotation += 1
+        shares = relay_claims.lane_shares(
+            grants, batch_size=self.batch_size, flexible_min_share=self.flexible_min_share, rotation=self._rotation
+        )
+        started = time.monotonic()
+        staged = await relay_claims.claim(
+            self.db, grants, shares, owner=self.owner, lead=self.stage_seconds, lease=self.lease_seconds
+        )
+        if staged:
+            logger.debug(
+                "claimed %d envelopes in %.3f s", len(staged), time.monotonic() - started, extra={"action": "claim"}
+            )
+        return staged
+
+    async def _stamp(self, stamps: dict[int, datetime | None], refused: set[int]) -> set[int]:
+        """Step 4: stamp the confirmed envelopes still leased to this relay, hand the others back (a refused one
+        with its own backoff), in one statement; the settler is told of the new stamps."""
+        if any(stamp is not None for stamp in stamps.values()):
+            crash_point("relay.after_publish")
+        stamped = await relay_claims.finish(self.db, stamps, refused=refused, owner=self.owner)
+        if stamped:
+            crash_point("relay.after_stamp")
+            self.settler.note_stamped()
+        return stamped
+
+    def _count(self, published: list[StagedEnvelope], refused: set[int], broken: list[BaseException]) -> None:
+        occurrences = sum(envelope.fires for envelope in published)
+        self.stats.published_envelopes += len(published)
+        self.stats.published_occurrences += occurrences
+        counters.RELAY_PUBLISHED_ENVELOPES.inc(len(published))
+        counters.RELAY_PUBLISHED_OCCURRENCES.inc(occurrences)
+        counters.RELAY_FAILED_PUBLISHES.inc(len(refused) + len(broken))
+        if refused or broken:
+            # A returned message usually means its queue is gone: declare the queues again before the next step,
+            # also when other envelopes of this step went through.
+            self._queues_declared = False
 
     async def _release(
         self,
@@ -426,37 +427,24 @@ class Relay:
     # --- process -----------------------------------------------------------------------------------------------
 
     async def run_async(self, *, once: bool = False) -> None:
-        """Step until stopped. A failure (PostgreSQL or the broker restarting, a blocked connection, a deleted
-        queue, publishes timing out) ends no process: the relay backs off (capped, logged once per outage),
-        reconnects what broke, re-declares its queues and goes on; the unstamped envelopes are simply published
-        again."""
-        outage = Outage()
+        """Step until stopped (dispatch/engine/loop.py, its async face). A failure (PostgreSQL or the broker
+        restarting, a blocked connection, a deleted queue, publishes timing out) ends no process: the relay backs
+        off (capped, logged once per outage), reconnects what broke, re-declares its queues and goes on; the
+        unstamped envelopes are simply published again."""
         logger.info("relay %s started", self.name, extra={"action": "start"})
         settling = None if once else asyncio.create_task(self.settler.run(self.stop))
         try:
-            while not self.stop.is_set:
-                try:
-                    await self.connect()
-                    await self.heartbeat()
-                    did_work = await self.step()
-                    outage.succeeded()
-                    if did_work:
-                        continue
-                    if once:
-                        await self.settler.settle_all()
-                        return
-                    wait = await self.seconds_until_due()
-                    if self._throttled_for is not None:
-                        wait = max(wait, self._throttled_for)
-                    await self._nap(wait)
-                except Exception as exc:
-                    if once:
-                        raise
-                    await self._nap(outage.failed(exc), heartbeat=True)
-                    # Reconnect what broke and declare the queues again before the next try.
-                    self._queues_declared = False
-                    if self._channel is not None and self._channel.is_closed:
-                        self._channel = None
+            ended_idle = await run_loop_async(
+                self._connected_step,
+                self.stop,
+                idle_seconds=self._idle_seconds,
+                once=once,
+                on_error=self._forget_broken,
+                outage=Outage(),
+                while_out=self._heartbeat_if_connected,
+            )
+            if ended_idle:
+                await self.settler.settle_all()
         finally:
             if settling is not None:
                 settling.cancel()
@@ -465,17 +453,30 @@ class Relay:
             await self.close()
             logger.info("relay %s stopped: %s", self.name, self.stats, extra={"action": "stop"})
 
-    async def _nap(self, seconds: float, *, heartbeat: bool = False) -> None:
-        """Sleep in short slices so SIGTERM ends even a long backoff at once. While backing off from an outage the
-        loop still writes its heartbeat when PostgreSQL answers: it is alive, only waiting."""
-        deadline = time.monotonic() + seconds
-        while not self.stop.is_set and (left := deadline - time.monotonic()) > 0:
-            if heartbeat and self._db is not None and not self._db.closed and not self._db.broken:
-                try:
-                    await self.heartbeat()
-                except psycopg.Error:
-                    logger.debug("heartbeat during an outage failed", exc_info=True)
-            await asyncio.sleep(min(left, 0.25))
+    async def _connected_step(self) -> bool:
+        await self.connect()
+        await self.heartbeat()
+        return await self.step()
+
+    async def _idle_seconds(self) -> float:
+        """Until something may be due, and no sooner than the first starved tenant's bucket refills."""
+        wait = await self.seconds_until_due()
+        return wait if self._throttled_for is None else max(wait, self._throttled_for)
+
+    def _forget_broken(self, exc: BaseException) -> None:
+        """After a failed step: declare the queues again and reopen a closed channel before the next try."""
+        self._queues_declared = False
+        if self._channel is not None and self._channel.is_closed:
+            self._channel = None
+
+    async def _heartbeat_if_connected(self) -> None:
+        """While backing off from an outage the loop still writes its heartbeat when PostgreSQL answers: it is
+        alive, only waiting."""
+        if self._db is not None and not self._db.closed and not self._db.broken:
+            try:
+                await self.heartbeat()
+            except psycopg.Error:
+                logger.debug("heartbeat during an outage failed", exc_info=True)
 
     def run(self, *, once: bool = False) -> None:
         self.stop.install()

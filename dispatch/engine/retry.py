@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 from dispatch import counters
+from dispatch.engine.outcomes import ErrorClass, RunOutcome
 from dispatch.errors import CanceledError, PermanentError, TransientError
 from dispatch.models import OccurrenceState
 from dispatch.sql import claims as claim_sql
@@ -31,8 +32,8 @@ BUDGET_SCAN_MINUTES = 1440
 class RunResult:
     """What running the handler came to: succeeded, failed (error_class permanent|transient), canceled, fenced."""
 
-    outcome: str
-    error_class: str = ""
+    outcome: RunOutcome
+    error_class: ErrorClass = ErrorClass.NONE
     error: str = ""
     retry_after: float | None = None
 
@@ -141,11 +142,11 @@ def classify(exc: Exception, *, handler: str, occurrence_id: uuid.UUID, cancel_r
     """The RunResult of a handler that raised `exc`; `cancel_reason` is why its cancel event was raised, if it was."""
     message = f"{type(exc).__name__}: {exc}"[:ERROR_MAX_CHARS]
     if cancel_reason == "schedule_changed":
-        return RunResult("canceled", "", message)
+        return RunResult(RunOutcome.CANCELED, ErrorClass.NONE, message)
     if isinstance(exc, PermanentError):
-        return RunResult("failed", "permanent", message)
+        return RunResult(RunOutcome.FAILED, ErrorClass.PERMANENT, message)
     if isinstance(exc, TransientError):
-        return RunResult("failed", "transient", message, retry_after=exc.retry_after)
+        return RunResult(RunOutcome.FAILED, ErrorClass.TRANSIENT, message, retry_after=exc.retry_after)
     if not isinstance(exc, CanceledError):
         # Unexpected exceptions are treated as transient: a bug fixed and deployed gets its retries.
         logger.exception(
@@ -154,4 +155,4 @@ def classify(exc: Exception, *, handler: str, occurrence_id: uuid.UUID, cancel_r
             occurrence_id,
             extra={"action": "handler_error", "occurrence_id": str(occurrence_id)},
         )
-    return RunResult("failed", "transient", message)
+    return RunResult(RunOutcome.FAILED, ErrorClass.TRANSIENT, message)

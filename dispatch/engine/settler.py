@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import psycopg
 
 from dispatch import counters
-from dispatch.engine.loop import Outage, StopFlag
+from dispatch.engine.loop import Outage, StopFlag, nap_async
 from dispatch.sql import outbox as outbox_sql
 
 logger = logging.getLogger(__name__)
@@ -212,10 +212,7 @@ class Settler:
                 raise
             except Exception as exc:
                 await self.close()
-                backoff = outage.failed(exc)
-                deadline = time.monotonic() + backoff
-                while not stop.is_set and (left := deadline - time.monotonic()) > 0:
-                    await asyncio.sleep(min(left, 0.25))
+                await nap_async(stop, outage.failed(exc))
 
     async def _until_stamps_age(self) -> bool:
         """Wait until the oldest stamp not settled yet is SETTLE_AFTER_SECONDS old (True). With none, wait for a new

@@ -29,9 +29,6 @@ LEFT JOIN LATERAL (
 ) AS v ON true
 """
 
-# PostgreSQL's clock: the one every node agrees on (docs/ARCHITECTURE.md rule 1).
-DB_NOW = "SELECT clock_timestamp()"
-
 
 class PreparedCursor:
     """A cursor on Django's connection (same transaction) that has PostgreSQL keep the plan of each statement.
@@ -101,3 +98,19 @@ def _binary(query: str) -> str:
 
 # `%s` and `%(name)s`, not preceded by another `%` (a literal `%%s` stays text).
 _PLACEHOLDER = re.compile(r"(?<!%)%(?:\(\w+\))?s")
+
+
+def database_conninfo() -> str:
+    """The Django connection's parameters (the test database under pytest) as a libpq conninfo string: the relay's
+    and the settler's own connections, outside the ORM, take the same options."""
+    from django.db import connection
+
+    params = connection.settings_dict
+    return psycopg.conninfo.make_conninfo(
+        dbname=params["NAME"],
+        user=params.get("USER") or None,
+        password=params.get("PASSWORD") or None,
+        host=params.get("HOST") or None,
+        port=str(params["PORT"]) if params.get("PORT") else None,
+        options=params.get("OPTIONS", {}).get("options") or None,
+    )

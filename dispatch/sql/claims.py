@@ -64,14 +64,14 @@ FOR UPDATE OF o
 """
 )
 
-# The batched claim of an envelope's occurrences (dispatch/engine/envelope.py): the same columns as LOCK_OCCURRENCE,
-# keyed by position in the envelope, for every occurrence in one round trip. The rows are locked in primary-key order
-# and a held one is waited for, like every statement that changes many occurrences (dispatch/sql/__init__.py), so it
-# cannot deadlock with them. The holder is nearly always the relay's settle step writing enqueued_at (tens of
-# milliseconds): skipping its rows instead sent ~3 % of the steady bench's fires down the one-by-one path, at seven
-# single-row statements each, and that path cost the database more than settling itself (pg_stat_statements over a
-# 3-minute `bench steady --rate 2315 --tenants 1000`: 85 s of the top statements' 436 s). A row not returned does
-# not exist.
+# The batched claim of an envelope's occurrences (dispatch/engine/envelope_runner.py): the same columns as
+# LOCK_OCCURRENCE, keyed by position in the envelope, for every occurrence in one round trip. The rows are locked in
+# primary-key order and a held one is waited for, like every statement that changes many occurrences
+# (dispatch/sql/__init__.py), so it cannot deadlock with them. The holder is nearly always the relay's settle step
+# writing enqueued_at (tens of milliseconds): skipping its rows instead sent ~3 % of the steady bench's fires down the
+# one-by-one path, at seven single-row statements each, and that path cost the database more than settling itself
+# (pg_stat_statements over a 3-minute `bench steady --rate 2315 --tenants 1000`: 85 s of the top statements' 436 s). A
+# row not returned does not exist.
 LOCK_OCCURRENCES = (
     """
 SELECT mine.position, """

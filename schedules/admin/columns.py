@@ -9,10 +9,11 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from core.choices import ScheduleState
+from core.clock import db_now
 from schedules.admin.formatting import describe_schedule, format_local, format_utc
 from schedules.admin.listing import RunStatus, duration_text, run_statuses
-from schedules.clock import db_now
-from schedules.models import Schedule, ScheduleState
+from schedules.models import Schedule
 
 
 class ScheduleColumnsMixin:

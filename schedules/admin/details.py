@@ -7,12 +7,13 @@ from typing import Any
 
 from django.urls import reverse
 
+from core.choices import ScheduleState
+from core.clock import db_now
+from core.cron_syntax import TimeRuleError
+from core.dst import preview_notes
 from dispatch.models import Occurrence
 from schedules.admin.formatting import format_local, format_utc, summarize_definition
-from schedules.clock import db_now
-from schedules.cron_syntax import TimeRuleError
-from schedules.dst import preview_notes
-from schedules.models import Schedule, ScheduleState, ScheduleVersion
+from schedules.models import Schedule, ScheduleVersion
 from schedules.services import preview_fires
 
 PREVIEW_FIRES = 10

@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from schedules.cron_syntax import TimeRuleError
+from core.choices import Kind
+from core.cron_syntax import TimeRuleError
+from core.timerules import local_time
 from schedules.cron_text import describe_cron
-from schedules.models import Kind, Schedule
-from schedules.timerules import local_time
+from schedules.models import Schedule
 
 
 def _clock(value: datetime) -> str:

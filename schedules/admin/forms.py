@@ -10,12 +10,13 @@ from django import forms
 from django.contrib.admin.helpers import ActionForm
 from django.forms.fields import InvalidJSONInput
 
-from dispatch.handlers import registered_names
+from core.choices import ScheduleState
+from dispatch.services import registered_names
 from scheduler_project.console import InstantField
 from schedules.definitions import TIME_FIELDS, clean_definition
 from schedules.errors import ScheduleInvalid
 from schedules.json_input import JSONInputError, loads_strict, storable_json
-from schedules.models import DEFINITION_FIELDS, Schedule, ScheduleState
+from schedules.models import DEFINITION_FIELDS, Schedule
 
 
 class PayloadField(forms.JSONField):

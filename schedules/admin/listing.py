@@ -16,9 +16,10 @@ from django.conf import settings
 from django.db.models import JSONField, OuterRef, Q, Subquery
 from django.db.models.functions import JSONObject
 
+from core.choices import Kind, ScheduleState
+from core.cron_syntax import TimeRuleError
 from dispatch.models import Occurrence, OccurrenceState
-from schedules.cron_syntax import TimeRuleError
-from schedules.models import Kind, Schedule, ScheduleState
+from schedules.models import Schedule
 
 # The materializer keeps the cursor a horizon ahead of now; a cursor this far in the past while the schedule is
 # active means fires are due that nobody has materialized (the materializer is down or behind). Below it, a

@@ -21,14 +21,14 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from dispatch.backfill import backfill_schedule
-from dispatch.errors import BackfillRefused, ReconcileInputError
+from core.choices import ScheduleState
+from dispatch.services import BackfillRefused, ReconcileInputError, backfill_schedule
 from schedules.admin.formatting import format_utc
 from schedules.admin.forms import BackfillForm, OperationForm
 from schedules.admin.preview import preview_json
 from schedules.api.serializers import utc_text
 from schedules.errors import QuotaExceeded, StateConflict
-from schedules.models import Schedule, ScheduleState
+from schedules.models import Schedule
 from schedules.services import CancelResult, cancel_schedule, pause_schedule, resume_schedule, trigger_schedule
 
 # A backfill from the console runs inside the web request; beyond this many fires `manage.py backfill` (its own

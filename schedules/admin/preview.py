@@ -13,18 +13,19 @@ from typing import Any
 
 from django.http import HttpRequest, JsonResponse
 
+from core.choices import Kind, MisfirePolicy
+from core.clock import db_now
+from core.cron_syntax import TimeRuleError
+from core.dst import preview_notes
+from core.timerules import local_time
 from schedules.admin.formatting import describe_schedule, format_local, format_utc
 from schedules.api.serializers import PreviewInputSerializer, utc_text
 from schedules.api.views import PREVIEW_PLACEHOLDERS
-from schedules.clock import db_now
-from schedules.cron_syntax import TimeRuleError
 from schedules.definitions import anchored_at_now, clean_definition
-from schedules.dst import preview_notes
 from schedules.errors import ScheduleInvalid
 from schedules.json_input import JSONInputError, loads_strict
-from schedules.models import Kind, MisfirePolicy, Schedule
+from schedules.models import Schedule
 from schedules.services import preview_definition
-from schedules.timerules import local_time
 
 
 def _error(errors: dict[str, Any], status: int = 400) -> JsonResponse:

@@ -14,12 +14,12 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from dispatch.handlers import registered_names
+from core.choices import ScheduleState
+from dispatch.services import registered_names
 from scheduler_project.console import (
     EstimatedCountPaginator,
     PageChangeList,
     SafeActionSelectionMixin,
-    TenantFilter,
     log_changes,
     parse_uuid,
 )
@@ -36,8 +36,9 @@ from schedules.admin.operations import (
     perform,
 )
 from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
-from schedules.models import Schedule, ScheduleState
+from schedules.models import Schedule
 from schedules.services import update_schedule
+from tenants.filters import TenantFilter
 
 # Named after the package, as before it was split into modules, so log lines keep their logger name.
 logger = logging.getLogger("schedules.admin")

@@ -9,7 +9,7 @@ from rest_framework.exceptions import AuthenticationFailed, NotAuthenticated, Th
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from dispatch.errors import ReplayRefused
+from dispatch.services import ReplayRefused
 from schedules.api.throttles import unauthenticated_wait
 from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
 

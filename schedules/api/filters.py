@@ -11,10 +11,11 @@ from django import forms
 from django.db.models import TextChoices
 from drf_spectacular.utils import extend_schema_field
 
+from core.choices import ScheduleState
 from dispatch.models import Occurrence, OccurrenceState
 from schedules.api.schema import INSTANT, query_text
 from schedules.api.serializers import INSTANT_ERRORS, InstantInvalid, parse_instant
-from schedules.models import Schedule, ScheduleState
+from schedules.models import Schedule
 
 
 def choice_filter(choices: type[TextChoices]) -> django_filters.ChoiceFilter:

@@ -18,11 +18,11 @@ from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 
-from dispatch.handlers import registered_names
+from core.cron_syntax import MAX_CRON_LENGTH, cron_pattern
+from core.timerules import EVERY_SECONDS_RANGE, zone_names
+from dispatch.services import registered_names
 from schedules.api.serializers import EARLIEST_INSTANT, LATEST_INSTANT, MAX_IDEMPOTENCY_KEY_LENGTH
-from schedules.cron_syntax import MAX_CRON_LENGTH, cron_pattern
 from schedules.json_input import MAX_JSON_DEPTH
-from schedules.timerules import EVERY_SECONDS_RANGE, zone_names
 
 # --- text --------------------------------------------------------------------------------------------------
 

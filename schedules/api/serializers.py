@@ -11,14 +11,15 @@ from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from core.choices import Kind, Lane, MisfirePolicy, OverlapPolicy, ScheduleState
+from core.clock import db_now
+from core.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, local_time
 from dispatch.models import Attempt, Occurrence, OccurrenceState
-from dispatch.occurrences import earliest_pending_fire
-from schedules.clock import db_now
+from dispatch.services import earliest_pending_fire
 from schedules.definitions import NUMERIC_RANGES
 from schedules.json_input import MAX_JSON_DEPTH, json_depth_exceeds
-from schedules.models import DEFINITION_FIELDS, Kind, Lane, MisfirePolicy, OverlapPolicy, Schedule, ScheduleState
+from schedules.models import DEFINITION_FIELDS, Schedule
 from schedules.services import MAX_PREVIEW_COUNT
-from schedules.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, local_time
 
 # The column that stores a create's Idempotency-Key; a longer key would fail in the database rather than as a 400.
 MAX_IDEMPOTENCY_KEY_LENGTH: int = Schedule._meta.get_field("idempotency_key").max_length or 0
@@ -30,7 +31,7 @@ _NOT_LOADED = object()
 READ_ONLY_HINTS = {
     "state": "Read-only: change it with POST .../pause/, .../resume/ or .../cancel/.",
 }
-# Instants accepted on input: the time rules' range (schedules.timerules), kept here under these names for the schema.
+# Instants accepted on input: the time rules' range (core.timerules), kept here under these names for the schema.
 
 
 # Any: DRF's stubs type the messages as text or lazy text, and dict is invariant.
@@ -132,7 +133,7 @@ def _choice_field(choices: type[TextChoices]) -> serializers.ChoiceField:
 # Text fields whose rules the services check (with messages that list what is accepted); distinct classes so the
 # API schema can show those rules (schedules/api/schema.py).
 class CronExpressionField(serializers.CharField):
-    """A cron expression or macro (schedules.cron_syntax)."""
+    """A cron expression or macro (core.cron_syntax)."""
 
 
 class HandlerNameField(serializers.CharField):
@@ -140,7 +141,7 @@ class HandlerNameField(serializers.CharField):
 
 
 class TimezoneNameField(serializers.CharField):
-    """An IANA time zone name (schedules.timerules.parse_timezone)."""
+    """An IANA time zone name (core.timerules.parse_timezone)."""
 
 
 def _of_its_json_type(field: serializers.Field, value: Any) -> bool:

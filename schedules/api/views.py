@@ -12,9 +12,11 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from dispatch import occurrences as dispatch_occurrences
+from core.choices import ScheduleState
+from core.clock import db_now
+from dispatch import services as dispatch_services
 from dispatch.models import Occurrence
-from dispatch.occurrences import pending_fires
+from dispatch.services import pending_fires
 from schedules import services
 from schedules.api.filters import OccurrenceFilter, ScheduleFilter
 from schedules.api.parsers import BoundedJSONParser
@@ -30,8 +32,7 @@ from schedules.api.serializers import (
     ScheduleSerializer,
     fires_json,
 )
-from schedules.clock import db_now
-from schedules.models import DEFINITION_FIELDS, Schedule, ScheduleState
+from schedules.models import DEFINITION_FIELDS, Schedule
 
 FiresSerializer = inline_serializer(
     name="Fires",
@@ -244,7 +245,7 @@ class OccurrenceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
     @action(detail=True, methods=["post"])
     def replay(self, request: Request, occurrence_id: str | None = None) -> Response:
         occurrence = self.get_object()
-        dispatch_occurrences.replay_dead_occurrence(occurrence.occurrence_id, now=db_now())
+        dispatch_services.replay_dead_occurrence(occurrence.occurrence_id, now=db_now())
         return Response({"occurrence_id": str(occurrence.occurrence_id)}, status=status.HTTP_202_ACCEPTED)
 
 

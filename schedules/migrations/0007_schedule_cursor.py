@@ -1,5 +1,6 @@
 """The cursor moves to a narrow table of its own (ScheduleCursor): the materializer updates one cursor per fire, and
-on the schedule row each update rewrote a wide row and six index entries (docs/DESIGN.md, "The cursor table").
+on the schedule row each update rewrote a wide row and six index entries (docs/DESIGN.md, "The materializer's batch,
+and the cursor table").
 
 Every active schedule gets its cursor row, with the definition the materializer plans from; then the schedule's own
 column and its two indexes go.

@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth import get_user_model
 
+from core.clock import db_now
 from dispatch.models import Occurrence, ProcessHeartbeat
-from schedules.clock import db_now
 from tests.browser.conftest import SCREENSHOTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

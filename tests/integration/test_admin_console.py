@@ -17,9 +17,9 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from core.clock import db_now
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 from dispatch.stuck import stuck_pages
-from schedules.clock import db_now
 from schedules.models import Schedule, ScheduleVersion
 from schedules.services import cancel_schedule, create_schedule, pause_schedule
 from tests.conftest import api_client_for, mark_completed, move_cursor, occurrence_for
@@ -375,7 +375,7 @@ def test_preview_of_a_rule_away_from_clock_changes_has_no_notes(console, tenants
 def test_the_change_page_notes_clock_changes_among_its_next_fires(console, make):
     # Every 30 minutes in New York: the next fires of a schedule previewed at a fall-back are out of our control
     # (db clock), so the rule's own notes are checked through the view's helper instead.
-    from schedules.dst import dst_notes
+    from core.dst import dst_notes
 
     fires = [datetime(2026, 11, 1, 5, 0, tzinfo=UTC) + timedelta(minutes=30 * n) for n in range(4)]
     notes = dst_notes("*/30 * * * *", "America/New_York", after=fires[0] - timedelta(minutes=1), fires=fires)

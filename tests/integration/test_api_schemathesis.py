@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, settings
 from rest_framework.test import APIClient
 from schemathesis.config import SchemathesisConfig
 
+from core.cron_syntax import TimeRuleError, cron_pattern, parse_cron
 from scheduler_project.wsgi import application
 from schedules.api.serializers import parse_instant
-from schedules.cron_syntax import TimeRuleError, cron_pattern, parse_cron
 from tests.conftest import TENANT_A
 
 SPEC = SchemaGenerator().get_schema(request=None, public=True)

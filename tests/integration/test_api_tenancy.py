@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
+from core.choices import ScheduleState
 from dispatch.models import Occurrence
-from schedules.models import Schedule, ScheduleState
+from schedules.models import Schedule
 from tenants.models import Tenant
 from tests.conftest import api_client_for, mark_completed
 

@@ -13,6 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
+from core.clock import db_now
 from dispatch import backfill as backfill_module
 from dispatch import partitions
 from dispatch import reconcile as reconcile_module
@@ -21,7 +22,6 @@ from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OccurrenceState, OutboxMessage
 from dispatch.reconcile import reconcile
 from schedules import services
-from schedules.clock import db_now
 from schedules.models import Schedule
 from tests.integration.support import materializer_holding_every_shard, run_materializer
 

@@ -59,7 +59,7 @@ RUN_TIMEOUT_SECONDS = 300
 OTHER_TENANT = "other-1"
 _OTHER_TENANT_SETUP = f"""
 from datetime import timedelta
-from schedules.clock import db_now
+from core.clock import db_now
 from schedules.models import Schedule
 from schedules.services import create_schedule, pause_schedule
 from tenants.services import provision_tenant

@@ -7,8 +7,8 @@ from io import StringIO
 
 import pytest
 
+from core.clock import db_now
 from dispatch.bench.burst import BurstBenchmark, BurstConfig
-from schedules.clock import db_now
 from schedules.models import Schedule, ScheduleCursor, ScheduleVersion
 from tenants.models import Tenant
 

@@ -13,13 +13,13 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from core.clock import db_now
 from dispatch import dashboard
 from dispatch.identity import occurrence_id_for
 from dispatch.models import ProcessHeartbeat
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
 from dispatch.sql import dashboard as dashboard_sql
-from schedules.clock import db_now
 from tests.conftest import move_cursor, occurrence_for
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from core.clock import db_now
 from dispatch.models import Occurrence, OccurrenceState, OutboxMessage
-from schedules.clock import db_now
 from schedules.models import Schedule, ScheduleCursor
 from tests.conftest import mark_completed, move_cursor
 from tests.integration.support import materializer_holding_every_shard, run_materializer
@@ -254,7 +254,7 @@ def test_a_materialized_one_off_is_active_and_pausable_until_its_occurrence_ends
 
 def test_a_fire_kept_through_a_change_still_meets_its_misfire_policy_at_claim(api_a, cron_body, make_occurrence):
     """Kept is not forced: a skip fire an hour late after an outage is missed, change or no change."""
-    from dispatch.engine.worker import try_claim
+    from dispatch.engine.claims import try_claim
 
     created = create(api_a, {**cron_body, "cron": "* * * * *", "misfire_policy": "skip", "max_lateness_seconds": 60})
     schedule = Schedule.objects.get(pk=created["id"])

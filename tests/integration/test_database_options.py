@@ -7,7 +7,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from dispatch.engine.relay import database_conninfo
+from dispatch.sql import database_conninfo
 
 pytestmark = pytest.mark.django_db
 

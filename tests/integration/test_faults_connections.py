@@ -20,9 +20,9 @@ from django.conf import settings
 from django.db import connection
 from kombu import Connection
 
+from core.clock import db_now
 from dispatch.models import Occurrence, OutboxMessage
 from dispatch.queues import STRICT_QUEUE
-from schedules.clock import db_now
 from schedules.services import create_schedule
 from tests.integration.processes import ROOT, manage, process_env
 

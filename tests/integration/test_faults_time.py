@@ -12,10 +12,10 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from core.clock import db_now
 from dispatch import partitions
 from dispatch.models import Occurrence
 from schedules import services
-from schedules.clock import db_now
 from tests.integration.processes import run_manage
 from tests.integration.support import materializer_holding_every_shard, run_materializer
 

@@ -13,6 +13,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from core.clock import db_now
 from dispatch.bench.rows import PLANNING, SCHEDULE_COLUMNS, schedule_row
 from dispatch.engine.settler import settle_params
 from dispatch.models import Occurrence
@@ -21,7 +22,6 @@ from dispatch.sql import claims as claim_sql
 from dispatch.sql import materialize as materialize_sql
 from dispatch.sql import outbox as outbox_sql
 from dispatch.sql import quotas as quota_sql
-from schedules.clock import db_now
 
 FUTURE = 4000  # rows not due, many times what is due, as after a horizon's materialization
 DUE = 20

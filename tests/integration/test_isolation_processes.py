@@ -10,10 +10,10 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
+from core.clock import db_now
 from dispatch.identity import occurrence_id_for
 from dispatch.models import TERMINAL_STATES, Attempt, Occurrence, OccurrenceState
 from dispatch.outbox import enqueue
-from schedules.clock import db_now
 from tenants.models import Tenant
 from tests.integration.fleet import Fleet, running_fleet
 from tests.integration.slow_target import SlowTarget, header_drip, slow_target

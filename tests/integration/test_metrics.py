@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
+from core.clock import db_now
 from dispatch import counters
 from dispatch.engine.relay import Relay
 from dispatch.engine.settler import settle_params
@@ -19,7 +20,6 @@ from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
 from dispatch.sql import metrics as metrics_sql
 from dispatch.sql import outbox as outbox_sql
-from schedules.clock import db_now
 from tests.conftest import move_cursor
 
 

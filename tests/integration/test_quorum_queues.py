@@ -8,8 +8,8 @@ from datetime import timedelta
 
 import pytest
 
+from core.clock import db_now
 from dispatch.models import Attempt, Occurrence, OccurrenceState
-from schedules.clock import db_now
 from tests.integration.test_quotas_processes import STRICT, consumers, due_fires, fleet
 from tests.support import wait_for
 

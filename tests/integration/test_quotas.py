@@ -11,14 +11,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
+from core.clock import db_now
 from dispatch.backfill import backfill_schedule
 from dispatch.engine.claims import Claim, Drop, claim_many, try_claim
+from dispatch.engine.execution import complete
 from dispatch.engine.leases import reap_expired_leases
 from dispatch.engine.materializer import Materializer
 from dispatch.engine.retry import RunResult
-from dispatch.engine.worker import complete
 from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage, ProcessHeartbeat, ShardLease
-from schedules.clock import db_now
 from tenants.models import Tenant
 
 WORKER = "quota-worker"

@@ -17,11 +17,11 @@ from django.conf import settings
 from django.db import connection
 from kombu import Connection
 
+from core.clock import db_now
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import queue_for_lane
-from schedules.clock import db_now
 from tenants.models import Tenant
 from tests import handlers as test_handlers
 from tests.integration.processes import ROOT, manage, process_env

@@ -14,13 +14,13 @@ from django.conf import settings
 from django.db import connection
 from kombu import Connection
 
+from core.clock import db_now
 from dispatch import counters
-from dispatch.envelopes import decode_content
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OutboxMessage
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE
-from schedules.clock import db_now
+from dispatch.wire import decode_content
 from tests.integration.rabbit_node import RabbitNode, rabbit_node
 from tests.integration.test_faults_connections import Running
 from tests.support import wait_for

@@ -9,12 +9,12 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
+from core.clock import db_now
 from dispatch.engine import relay_claims
 from dispatch.engine.relay import Relay
 from dispatch.models import OutboxMessage
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
-from schedules.clock import db_now
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,12 +16,12 @@ from django.conf import settings
 from django.db import connection
 from kombu import Connection
 
-from dispatch.envelopes import decode_content
+from core.clock import db_now
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OutboxMessage
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
-from schedules.clock import db_now
+from dispatch.wire import decode_content
 from tenants.models import Tenant
 from tests.support import wait_for
 

@@ -8,11 +8,11 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
+from core.clock import db_now
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OutboxMessage
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
-from schedules.clock import db_now
 from tests.integration.test_faults_connections import Running
 from tests.integration.test_relay_process import drain_queue
 from tests.support import wait_for

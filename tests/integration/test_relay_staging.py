@@ -9,11 +9,11 @@ from datetime import timedelta
 import pytest
 from django.db import connection, connections
 
+from core.clock import db_now
 from dispatch.engine.relay import Relay
 from dispatch.models import Occurrence, OutboxMessage
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
-from schedules.clock import db_now
 from schedules.services import cancel_schedule
 from tests.integration.test_relay_process import drain_queue
 from tests.support import wait_for

@@ -9,11 +9,12 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from dispatch.engine.relay import PublishFailed, Relay
+from core.clock import db_now
+from dispatch.engine.publishing import PublishFailed
+from dispatch.engine.relay import Relay
 from dispatch.models import OutboxMessage
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
-from schedules.clock import db_now
 from tests.integration.test_relay_process import drain_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)

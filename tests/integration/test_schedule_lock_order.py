@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from schedules.clock import db_now
+from core.clock import db_now
 from schedules.models import Schedule
 from schedules.services import update_schedule
 from tests.support import wait_for

@@ -6,10 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from core.choices import ScheduleState
 from dispatch.models import Occurrence, OccurrenceState
 from schedules import services
 from schedules.errors import ScheduleInvalid, StateConflict
-from schedules.models import PLANNING_FIELDS, Schedule, ScheduleCursor, ScheduleState, ScheduleVersion, VersionChange
+from schedules.models import PLANNING_FIELDS, Schedule, ScheduleCursor, ScheduleVersion, VersionChange
 
 ACTOR = "tenant:acme/api"
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

@@ -11,10 +11,11 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from dispatch.engine.worker import Claim, complete, run_claimed, try_claim
+from core.clock import db_now
+from dispatch.engine.claims import Claim, try_claim
+from dispatch.engine.execution import complete, run_claimed
 from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
 from dispatch.reconcile import reconcile
-from schedules.clock import db_now
 from tests.handlers import effects, ensure_effects_table
 from tests.integration.fleet import running_fleet
 from tests.support import wait_for

@@ -11,11 +11,11 @@ import pytest
 from django.db import connection
 from django.test import Client
 
+from core.clock import db_now
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Attempt, Occurrence, OutboxMessage
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import STRICT_QUEUE
-from schedules.clock import db_now
 from schedules.models import Schedule
 from tenants.models import Tenant
 from tenants.services import provision_tenant

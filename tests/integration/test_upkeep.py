@@ -20,10 +20,10 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 
+from core.clock import db_now
 from dispatch import counters, partitions
 from dispatch.models import Occurrence, OutboxMessage
 from dispatch.upkeep import Upkeep
-from schedules.clock import db_now
 from tests.integration.processes import process_env, run_manage
 from tests.integration.test_faults_time import drop_partitions_from
 from tests.integration.test_metrics import scrape

@@ -16,10 +16,10 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from core.clock import db_now
 from dispatch import counters, partitions
 from dispatch.models import Attempt, Occurrence
 from dispatch.queues import STRICT_QUEUE
-from schedules.clock import db_now
 from tests.integration.processes import ROOT, process_env, run_manage
 from tests.integration.test_faults_connections import Running, one_off_in
 from tests.integration.test_faults_time import drop_partitions_from

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 import dispatch.handlers.webhook as webhook_module  # registers the "webhook" handler
-from dispatch.engine.worker import Claim, complete, run_claimed, try_claim
+from core.clock import db_now
+from dispatch.engine.claims import Claim, try_claim
+from dispatch.engine.execution import complete, run_claimed
 from dispatch.identity import utc_key
 from dispatch.models import Attempt, Occurrence, OccurrenceState
-from schedules.clock import db_now
 from tests.integration.slow_target import Exchange, SlowTarget, header_drip, slow_target
 from tests.support import wait_for
 

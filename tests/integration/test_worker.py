@@ -18,22 +18,23 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import F
 
+from core.choices import ScheduleState
+from core.clock import db_now
 from dispatch import counters, tasks
-from dispatch.engine import retry, worker
-from dispatch.engine.claims import EnvelopeClaim, claim_many
+from dispatch.engine import execution, retry
+from dispatch.engine.claims import Claim, Drop, EnvelopeClaim, claim_many, try_claim
+from dispatch.engine.execution import complete, run_claimed
 from dispatch.engine.leases import LeaseRenewer, reap_expired_leases
-from dispatch.engine.relay import database_conninfo
 from dispatch.engine.retry import RunResult
 from dispatch.engine.settler import SETTLE_AFTER_SECONDS, SETTLE_SMALL_FIRES, settle_params
-from dispatch.engine.worker import Claim, complete, run_claimed, try_claim
-from dispatch.envelopes import BODY_VERSION, encode_body
 from dispatch.identity import utc_key
 from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
 from dispatch.outbox import Fire, enqueue
+from dispatch.sql import database_conninfo
 from dispatch.sql import outbox as outbox_sql
+from dispatch.wire import BODY_VERSION, encode_body
 from schedules import services
-from schedules.clock import db_now
-from schedules.models import Schedule, ScheduleState
+from schedules.models import Schedule
 from tests import handlers as test_handlers
 from tests.handlers import effects, ensure_effects_table
 from tests.support import wait_for
@@ -189,7 +190,7 @@ def test_a_duplicate_delivery_of_a_running_occurrence_is_dropped_and_counted(ten
 
     duplicate = try_claim(occurrence.occurrence_id, occurrence.scheduled_for, WORKER)
 
-    assert duplicate == worker.Drop("duplicate", OccurrenceState.RUNNING)
+    assert duplicate == Drop("duplicate", OccurrenceState.RUNNING)
     assert metric("scheduler_worker_claim_drops_total", reason="duplicate") == before + 1
     assert attempts_of(occurrence) == [(1, "", "")]
 
@@ -209,7 +210,7 @@ def test_a_delivery_of_a_terminal_occurrence_is_dropped_and_changes_nothing(
 ):
     occurrence = add_occurrence(make_schedule(tenant), state=state)
 
-    assert try_claim(occurrence.occurrence_id, occurrence.scheduled_for, WORKER) == worker.Drop("terminal", state)
+    assert try_claim(occurrence.occurrence_id, occurrence.scheduled_for, WORKER) == Drop("terminal", state)
     assert state_of(occurrence) == state
     assert attempts_of(occurrence) == []
 
@@ -217,7 +218,7 @@ def test_a_delivery_of_a_terminal_occurrence_is_dropped_and_changes_nothing(
 def test_a_delivery_of_an_unknown_occurrence_is_dropped(tenant):
     outcome = try_claim(uuid.uuid4(), BASE, WORKER)
 
-    assert outcome == worker.Drop("unknown", None)
+    assert outcome == Drop("unknown", None)
 
 
 def test_a_retry_delivered_before_its_time_is_an_early_duplicate_and_dropped(tenant, make_schedule, add_occurrence):
@@ -777,7 +778,7 @@ def test_an_envelope_claimed_in_one_batch_ends_each_occurrence_as_one_by_one_cla
     unknown = (uuid.uuid4(), BASE)
 
     for occurrence in alone:
-        worker.process_occurrence(occurrence.occurrence_id, occurrence.scheduled_for, WORKER)
+        execution.process_occurrence(occurrence.occurrence_id, occurrence.scheduled_for, WORKER)
     content = envelope_of(*batched)
     content["fires"].setdefault(utc_key(BASE), []).append(str(unknown[0]))
     outcomes = tasks.run_envelope(content)
@@ -811,7 +812,8 @@ def test_a_batched_completion_and_the_relay_settling_the_same_occurrences_never_
             cursor.execute("UPDATE dispatch_outboxmessage SET published_at = clock_timestamp()")
 
         done, settled = in_threads(
-            lambda claims=claims: worker.complete_many([(c, RunResult("succeeded")) for c in claims]), settle_published
+            lambda claims=claims: execution.complete_many([(c, RunResult("succeeded")) for c in claims]),
+            settle_published,
         )
 
         assert set(done.values()) == {OccurrenceState.SUCCEEDED} and len(done) == 150
@@ -967,7 +969,7 @@ def test_a_completion_copies_its_stamped_envelopes_confirmation_and_settling_wri
     )
     claims = [claim_of(o) for o in (stamped, unstamped, unnamed)]
     assert all(claims)
-    worker.complete_many(
+    execution.complete_many(
         [(c, RunResult("succeeded")) for c in claims],
         envelopes={o.occurrence_id: envelope[o.occurrence_id] for o in (stamped, unstamped)},
     )

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from core.clock import db_now
 from dispatch import counters, tasks
-from dispatch.engine.envelope import EnvelopeRunner
+from dispatch.engine.envelope_runner import EnvelopeRunner
 from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
-from schedules.clock import db_now
 from schedules.models import Schedule
 from schedules.services import cancel_schedule
 from tests import handlers as test_handlers

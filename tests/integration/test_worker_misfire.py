@@ -9,10 +9,11 @@ from datetime import timedelta
 
 import pytest
 
+from core.clock import db_now
+from dispatch.engine.claims import Claim, Drop, try_claim
+from dispatch.engine.execution import complete
 from dispatch.engine.retry import RunResult
-from dispatch.engine.worker import Claim, Drop, complete, try_claim
 from dispatch.models import Occurrence, OccurrenceState
-from schedules.clock import db_now
 
 WORKER = "misfire-worker"
 

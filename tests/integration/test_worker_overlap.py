@@ -8,10 +8,11 @@ from datetime import timedelta
 
 import pytest
 
+from core.clock import db_now
+from dispatch.engine.claims import Claim, Drop, try_claim
+from dispatch.engine.execution import complete
 from dispatch.engine.retry import RunResult
-from dispatch.engine.worker import Claim, Drop, complete, try_claim
 from dispatch.models import Occurrence, OccurrenceState, OutboxMessage
-from schedules.clock import db_now
 
 WORKER = "overlap-worker"
 

@@ -23,14 +23,14 @@ from django.db import connection
 from django.test import Client as DjangoClient
 from kombu import Connection, Exchange, Queue
 
+from core.clock import db_now
 from dispatch.engine.leases import reap_expired_leases
-from dispatch.envelopes import BODY_VERSION, RUN_ENVELOPE_TASK, message_headers, task_id_for
 from dispatch.identity import utc_key
 from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage, ProcessHeartbeat
 from dispatch.outbox import Fire, enqueue
 from dispatch.queues import queue_for_lane
+from dispatch.wire import BODY_VERSION, RUN_ENVELOPE_TASK, message_headers, task_id_for
 from scheduler_project.celery import app
-from schedules.clock import db_now
 from tests.handlers import effects, ensure_effects_table
 from tests.support import wait_for
 

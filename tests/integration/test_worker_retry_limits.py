@@ -11,11 +11,12 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
+from core.clock import db_now
+from dispatch.engine.claims import Claim, try_claim
+from dispatch.engine.execution import complete
 from dispatch.engine.leases import reap_expired_leases
 from dispatch.engine.retry import RunResult
-from dispatch.engine.worker import Claim, complete, try_claim
 from dispatch.models import Occurrence, OccurrenceState
-from schedules.clock import db_now
 from tenants.models import Tenant
 
 WORKER = "limits-worker"

@@ -11,11 +11,12 @@ from datetime import timedelta
 import pytest
 from django.db import IntegrityError, transaction
 
+from core.clock import db_now
+from dispatch.engine.claims import Claim, try_claim
+from dispatch.engine.execution import complete
 from dispatch.engine.leases import LeaseRenewer, reap_expired_leases
 from dispatch.engine.retry import RunResult
-from dispatch.engine.worker import Claim, complete, try_claim
 from dispatch.models import Attempt, Occurrence, OccurrenceState, ProcessHeartbeat
-from schedules.clock import db_now
 
 WORKER = "upkeep-worker"
 

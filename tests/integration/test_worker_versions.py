@@ -6,11 +6,11 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
+from core.clock import db_now
+from dispatch.engine.claims import Claim, try_claim
 from dispatch.engine.leases import reap_expired_leases
-from dispatch.engine.worker import Claim, try_claim
 from dispatch.models import OccurrenceState
 from schedules import services
-from schedules.clock import db_now
 
 WORKER = "versions-worker"
 

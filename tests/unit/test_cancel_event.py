@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from dispatch.engine.cancel import CancelEvent
+from dispatch.cancel import CancelEvent
 
 
 def test_it_is_a_threading_event_and_unset_at_first():

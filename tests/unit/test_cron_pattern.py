@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.cron_syntax import MACROS, MAX_CRON_LENGTH, TimeRuleError, cron_pattern, parse_cron
 from schedules.api.schema import INSTANT
 from schedules.api.serializers import InstantInvalid, parse_instant
-from schedules.cron_syntax import MACROS, MAX_CRON_LENGTH, TimeRuleError, cron_pattern, parse_cron
 from tests.support import examples
 
 CRON = re.compile(cron_pattern())

@@ -1,4 +1,4 @@
-"""The envelope body (dispatch.envelopes): what encode_body writes, decode_content reads back (version 2, and the
+"""The envelope body (dispatch.wire): what encode_body writes, decode_content reads back (version 2, and the
 first version still in queues after an upgrade), and what it refuses."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import pytest
 
 from dispatch.engine.publishing import bundles
 from dispatch.engine.relay_claims import StagedEnvelope
-from dispatch.envelopes import (
+from dispatch.outbox import Fire, pack
+from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE
+from dispatch.wire import (
     BODY_VERSION,
     PAIRS_BODY_VERSION,
     MalformedEnvelope,
@@ -21,8 +23,6 @@ from dispatch.envelopes import (
     encode_body,
     envelope_id_of,
 )
-from dispatch.outbox import Fire, pack
-from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 AN_ID = "0f6c1e1a-3b5d-4c8e-9a7f-2d4b6c8e0a1b"

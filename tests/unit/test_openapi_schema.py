@@ -8,9 +8,9 @@ import pytest
 from django.core.management import call_command
 from drf_spectacular.generators import SchemaGenerator
 
+from core.timerules import zone_names
 from dispatch.handlers import registered_names
 from dispatch.models import OccurrenceState
-from schedules.timerules import zone_names
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,17 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from core.timerules import TimeRule
 from dispatch.identity import occurrence_id_for
-from dispatch.planning import MAX_FIRES_PER_SCHEDULE, DueSchedule, plan_schedule
+from dispatch.planning import (
+    MAX_FIRES_PER_SCHEDULE,
+    DueSchedule,
+    due_schedule_of,
+    late_one_off_fires,
+    plan_schedule,
+)
 
 NOW = datetime(2026, 12, 1, 12, 0, 30, tzinfo=UTC)
 HORIZON = timedelta(seconds=120)
@@ -129,3 +138,25 @@ def test_daily_local_cron_follows_wall_clock_across_dst_not_24_hours():
         datetime(2026, 3, 28, 8, 0, tzinfo=UTC),  # 09:00 CET
         datetime(2026, 3, 29, 7, 0, tzinfo=UTC),  # 09:00 CEST, 23 h later
     ]
+
+
+def test_a_due_schedule_is_built_from_named_columns_and_refuses_a_missing_one():
+    columns = {**due()._asdict(), "every_seconds": None, "anchor_at": None, "name": "not a planning column"}
+    assert due_schedule_of(columns, version=7) == due(version=7)
+    del columns["catchup_limit"]
+    with pytest.raises(KeyError, match="catchup_limit"):
+        due_schedule_of(columns)
+
+
+def test_a_late_one_off_fires_or_is_missed_by_its_misfire_policy():
+    run_at = NOW - timedelta(minutes=10)
+    rule = TimeRule(kind="once", timezone="UTC", run_at=run_at)
+    definition = {
+        "lane": "strict",
+        "flexible_window_seconds": 300,
+        "priority": 0,
+        "max_lateness_seconds": 60,
+        "catchup_limit": 3,
+    }
+    assert late_one_off_fires({**definition, "misfire_policy": "fire_once"}, rule, now=NOW)
+    assert not late_one_off_fires({**definition, "misfire_policy": "skip"}, rule, now=NOW)

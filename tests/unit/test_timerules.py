@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from schedules.cron_syntax import TimeRuleError, normalize_cron
+from core.cron_syntax import TimeRuleError, normalize_cron
+from core.timerules import TimeRule, local_time, parse_timezone
 from schedules.cron_text import describe_cron
-from schedules.timerules import TimeRule, local_time, parse_timezone
 from tests.support import examples
 
 

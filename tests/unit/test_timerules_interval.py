@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schedules.cron_syntax import TimeRuleError
-from schedules.dst import interval_dst_notes, upcoming_interval_dst_notes
-from schedules.timerules import EVERY_SECONDS_RANGE, TimeRule, local_time
+from core.cron_syntax import TimeRuleError
+from core.dst import interval_dst_notes, upcoming_interval_dst_notes
+from core.timerules import EVERY_SECONDS_RANGE, TimeRule, local_time
 from tests.support import examples
 
 

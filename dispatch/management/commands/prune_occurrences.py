@@ -12,9 +12,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
+from core.clock import db_now
 from dispatch.partitions import PruneReport, prune_partitions
 from dispatch.upkeep import describe_states
-from schedules.clock import db_now
 
 
 class Command(BaseCommand):

@@ -10,11 +10,11 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
+from core.clock import db_now
 from dispatch.errors import ReconcileInputError, ReplayRefused
 from dispatch.occurrences import replay_dead, replay_one, replay_stuck
 from dispatch.reconcile import parse_instant
 from dispatch.stuck import DEFAULT_STUCK_AFTER_SECONDS
-from schedules.clock import db_now
 from tenants.models import Tenant
 
 

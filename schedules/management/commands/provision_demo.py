@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
-from schedules.clock import db_now
+from core.clock import db_now
 from schedules.services import create_schedule
 from tenants.services import provision_tenant
 

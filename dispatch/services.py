@@ -1,0 +1,53 @@
+"""The data plane's one door for the control plane.
+
+`schedules/` (its verbs, the API, the console) and `tenants/` ask the data plane for nothing but what is named here,
+and read nothing of it but its models: the handlers a schedule may name, the occurrences a change withdraws or still
+owes, a manual trigger, a replay from the DLQ, a backfill, what is in flight or pending, the materializer's rule for
+a late one-off, and the end of a deleted tenant's work. Each name is the function that does the work, in the module
+that owns it; this file is where a reader of the control plane learns what the data plane offers, and where a change
+of that offer shows.
+"""
+
+from __future__ import annotations
+
+from dispatch.backfill import BackfillResult, backfill_schedule
+from dispatch.errors import BackfillRefused, ReconcileInputError, ReplayRefused
+from dispatch.handlers import is_registered, registered_names
+from dispatch.occurrences import (
+    EndedWork,
+    InFlight,
+    earliest_pending_fire,
+    end_tenant_work,
+    in_flight_occurrences,
+    invalidate_unclaimed_occurrences,
+    materialize_owed_fires,
+    pending_fires,
+    record_missed_fire,
+    replay_dead_occurrence,
+    schedules_of_tenant,
+    trigger_manual_occurrence,
+)
+from dispatch.planning import late_one_off_fires
+
+__all__ = [
+    "BackfillRefused",
+    "BackfillResult",
+    "EndedWork",
+    "InFlight",
+    "ReconcileInputError",
+    "ReplayRefused",
+    "backfill_schedule",
+    "earliest_pending_fire",
+    "end_tenant_work",
+    "in_flight_occurrences",
+    "invalidate_unclaimed_occurrences",
+    "is_registered",
+    "late_one_off_fires",
+    "materialize_owed_fires",
+    "pending_fires",
+    "record_missed_fire",
+    "registered_names",
+    "replay_dead_occurrence",
+    "schedules_of_tenant",
+    "trigger_manual_occurrence",
+]

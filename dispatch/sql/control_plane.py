@@ -1,0 +1,44 @@
+"""What the data plane reads of the control plane's rows: a schedule's state, its version history, a tenant's
+schedules and catch-up budget.
+
+The data plane never imports the control plane's code (docs/ARCHITECTURE.md, "Layers"): like the engine's hot
+statements, which join `schedules_schedule` and `schedules_schedulecursor`, these read its tables by SQL.
+"""
+
+from __future__ import annotations
+
+SCHEDULE_STATE = "SELECT state FROM schedules_schedule WHERE id = %(schedule_id)s"
+
+# The versions of these schedules that overlap [since, until), by schedule then version. Only the time fields of the
+# snapshot are read out of its JSON: a payload of up to 64 KiB per version would otherwise dominate the reconciler's
+# memory. Each is text, as stored in the snapshot; dispatch/history.py parses and checks it.
+VERSION_SPANS = """
+SELECT schedule_id, tenant_id, version, change, valid_from, valid_to,
+       definition ->> 'state' AS state, definition ->> 'kind' AS kind, definition ->> 'cron' AS cron,
+       definition ->> 'run_at' AS run_at, definition ->> 'every_seconds' AS every_seconds,
+       definition ->> 'anchor_at' AS anchor_at, definition ->> 'timezone' AS timezone, definition ->> 'lane' AS lane,
+       definition ->> 'priority' AS priority
+FROM schedules_scheduleversion
+WHERE schedule_id = ANY(%(schedule_ids)s::uuid[])
+  AND valid_from < %(until)s AND (valid_to IS NULL OR valid_to > %(since)s)
+ORDER BY schedule_id, version
+"""
+
+# One page of the ids of schedules with a version overlapping [since, until), after `after` (keyset pagination, so
+# memory stays bounded however many schedules there are), of one tenant or of all.
+SCHEDULES_WITH_VERSIONS = """
+SELECT DISTINCT schedule_id
+FROM schedules_scheduleversion
+WHERE valid_from < %(until)s AND (valid_to IS NULL OR valid_to > %(since)s)
+  AND (%(tenant_id)s::bigint IS NULL OR tenant_id = %(tenant_id)s::bigint)
+  AND (%(after)s::uuid IS NULL OR schedule_id > %(after)s::uuid)
+ORDER BY schedule_id
+LIMIT %(limit)s
+"""
+
+# Every schedule of a tenant, whatever its state: a deleted tenant's occurrences are found through them
+# (occurrence_schedule_recent), so their cancel costs the tenant's size, not the table's.
+TENANT_SCHEDULE_IDS = "SELECT id FROM schedules_schedule WHERE tenant_id = %(tenant_id)s"
+
+# The catch-up budget of each of these tenants (a backfill's fires are paced on it like any catch-up).
+TENANT_CATCHUP_RATES = "SELECT id, max_catchup_per_minute FROM tenants_tenant WHERE id = ANY(%(tenant_ids)s::bigint[])"
