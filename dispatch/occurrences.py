@@ -21,9 +21,11 @@ from core.clock import db_now
 from dispatch.errors import ReplayRefused
 from dispatch.identity import manual_occurrence_id_for, occurrence_id_for
 from dispatch.models import IN_FLIGHT_STATES, UNCLAIMED_STATES, Occurrence, OccurrenceState
+from dispatch.occurrence_rows import write_envelopes, write_occurrences
 from dispatch.outbox import Fire, enqueue
-from dispatch.planning import PlannedOccurrence, due_schedule_of, plan_schedule
+from dispatch.planning import MISSED, Plan, PlannedOccurrence, due_schedule_of, plan_schedule
 from dispatch.quotas import pace_planned
+from dispatch.sql import PreparedCursor
 from dispatch.sql import control_plane as control_plane_sql
 from dispatch.sql import maintenance as maintenance_sql
 from dispatch.sql import metrics as metrics_sql
@@ -111,14 +113,16 @@ def materialize_owed_fires(schedule, *, now: datetime) -> int:
     due = due_schedule_of(
         vars(schedule), next_run_at=schedule.next_run_at, catchup_per_minute=schedule.tenant.max_catchup_per_minute
     )
-    planned: list[PlannedOccurrence] = []
-    while due.next_run_at is not None and due.next_run_at <= now and len(planned) < MAX_OWED_FIRES:
+    plans: list[Plan] = []
+    planned = 0
+    while due.next_run_at is not None and due.next_run_at <= now and planned < MAX_OWED_FIRES:
         plan = plan_schedule(due, now=now, horizon=timedelta(0))
-        planned.extend(plan.occurrences)
+        plans.append(plan)
+        planned += len(plan.occurrences)
         if plan.new_cursor is None or plan.new_cursor == due.next_run_at:
             break
         due = due._replace(next_run_at=plan.new_cursor)
-    if due.next_run_at is not None and due.next_run_at <= now and len(planned) >= MAX_OWED_FIRES:
+    if due.next_run_at is not None and due.next_run_at <= now and planned >= MAX_OWED_FIRES:
         # Further behind than one call may write: the rest has no row, and reconcile will report it as gaps.
         logger.error(
             "schedule %s is more than %d fires behind; fires from %s on are left to reconcile and backfill",
@@ -127,57 +131,24 @@ def materialize_owed_fires(schedule, *, now: datetime) -> int:
             due.next_run_at.isoformat(),
             extra={"action": "owed_fires_truncated"},
         )
-    existing = set(
-        Occurrence.objects.filter(occurrence_id__in=[p.occurrence_id for p in planned]).values_list(
-            "occurrence_id", flat=True
-        )
-    )
-    new = [p for p in planned if p.occurrence_id not in existing]
-    with connection.cursor() as cursor:
-        pace_planned(cursor, [(due, new)], now=now)
-    Occurrence.objects.bulk_create(
-        [
-            Occurrence(
-                occurrence_id=p.occurrence_id,
-                schedule_id=schedule.id,
-                tenant_id=schedule.tenant_id,
-                schedule_version=schedule.version,
-                scheduled_for=p.scheduled_for,
-                available_at=p.available_at,
-                lane=schedule.lane,
-                priority=schedule.priority,
-                state=p.state,
-                kept=p.state == OccurrenceState.SCHEDULED,
-                finished_at=now if p.state == OccurrenceState.MISSED else None,
-                state_reason=p.reason,
-            )
-            for p in new
-        ]
-    )
-    fires = [
-        Fire.for_lane(
-            p.occurrence_id,
-            p.scheduled_for,
-            tenant_id=schedule.tenant_id,
-            lane=schedule.lane,
-            available_at=p.available_at,
-            priority=schedule.priority,
-        )
-        for p in new
-        if p.state == OccurrenceState.SCHEDULED
-    ]
-    with connection.cursor() as cursor:
-        enqueue(cursor, fires)
+    # The materializer's own writer (dispatch/occurrence_rows.py): fires it already wrote keep their rows, and the
+    # delivered new ones are kept, so the change that follows does not withdraw them.
+    with transaction.atomic(), PreparedCursor() as cursor:
+        pace_planned(cursor, [(p.schedule, p.occurrences) for p in plans if p.catch_up], now=now)
+        new_ids = write_occurrences(cursor, plans, now, kept=True)
+        write_envelopes(cursor, plans, new_ids)
+    new = planned if new_ids is None else len(new_ids)
+    delivered = sum(1 for p in plans for o in p.to_enqueue if new_ids is None or o.occurrence_id in new_ids)
     if new:
         logger.warning(
             "schedule %s changed with %d fires not yet materialized: %d delivered, %d missed by its misfire policy",
             schedule.id,
-            len(new),
-            len(fires),
-            len(new) - len(fires),
+            new,
+            delivered,
+            new - delivered,
             extra={"action": "owed_fires"},
         )
-    return len(new)
+    return new
 
 
 def record_missed_fire(schedule, *, at: datetime, now: datetime, reason: str) -> bool:
@@ -189,24 +160,11 @@ def record_missed_fire(schedule, *, at: datetime, now: datetime, reason: str) ->
         .exists()
     ):
         return False
-    Occurrence.objects.bulk_create(
-        [
-            Occurrence(
-                occurrence_id=occurrence_id_for(schedule.id, schedule.version, at),
-                schedule_id=schedule.id,
-                tenant_id=schedule.tenant_id,
-                schedule_version=schedule.version,
-                scheduled_for=at,
-                available_at=at,
-                lane=schedule.lane,
-                priority=schedule.priority,
-                state=OccurrenceState.MISSED,
-                finished_at=now,
-                state_reason=reason,
-            )
-        ],
-        ignore_conflicts=True,
-    )
+    missed = PlannedOccurrence(occurrence_id_for(schedule.id, schedule.version, at), at, at, MISSED, reason)
+    # Through the materializer's writer too: one path writes occurrences (an existing row is left as it is).
+    plan = Plan(due_schedule_of(vars(schedule), next_run_at=at, catchup_per_minute=0), [missed])
+    with transaction.atomic(), PreparedCursor() as cursor:
+        write_occurrences(cursor, [plan], now)
     return True
 
 

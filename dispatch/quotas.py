@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db.models.expressions import RawSQL
+
 from dispatch.planning import DueSchedule, PlannedOccurrence
 from dispatch.sql import quotas as quota_sql
 
@@ -159,3 +161,13 @@ def catch_up_release_times(cursor, *, tenant_id: int, per_minute: int, count: in
             )
         window += CATCHUP_WINDOW
     return times
+
+
+def tenant_quota_columns() -> dict[str, RawSQL]:
+    """Each tenant row's quota counters (running now, claims and fires throttled so far) as query columns, for a
+    queryset of tenants: the console lists and sorts tenants by them."""
+    return {
+        "running_now": RawSQL(quota_sql.TENANT_RUNNING_COLUMN, ()),
+        "throttled_claims_count": RawSQL(quota_sql.TENANT_THROTTLED_CLAIMS_COLUMN, ()),
+        "throttled_fires_count": RawSQL(quota_sql.TENANT_THROTTLED_FIRES_COLUMN, ()),
+    }

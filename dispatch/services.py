@@ -3,9 +3,9 @@
 `schedules/` (its verbs, the API, the console) and `tenants/` ask the data plane for nothing but what is named here,
 and read nothing of it but its models: the handlers a schedule may name, the occurrences a change withdraws or still
 owes, a manual trigger, a replay from the DLQ, a backfill, what is in flight or pending, the materializer's rule for
-a late one-off, and the end of a deleted tenant's work. Each name is the function that does the work, in the module
-that owns it; this file is where a reader of the control plane learns what the data plane offers, and where a change
-of that offer shows.
+a late one-off, a deleted tenant's end of work, and the tenants' quota counters. Each name is the function that does
+the work, in the module that owns it; this file is where a reader of the control plane learns what the data plane
+offers, and where a change of that offer shows.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dispatch.occurrences import (
     trigger_manual_occurrence,
 )
 from dispatch.planning import late_one_off_fires
+from dispatch.quotas import tenant_quota_columns
 
 __all__ = [
     "BackfillRefused",
@@ -49,5 +50,6 @@ __all__ = [
     "registered_names",
     "replay_dead_occurrence",
     "schedules_of_tenant",
+    "tenant_quota_columns",
     "trigger_manual_occurrence",
 ]

@@ -8,11 +8,11 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import OuterRef, QuerySet, Subquery
-from django.db.models.expressions import RawSQL
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from dispatch import services as dispatch_services
 from scheduler_project.console import SafeActionSelectionMixin
 from tenants import services as tenant_services
 from tenants.admin_token import TenantTokenMixin
@@ -124,33 +124,16 @@ class TenantAdmin(TenantTokenMixin, SafeActionSelectionMixin, admin.ModelAdmin):
     ordering = ("slug",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        # The engine's counters, one primary-key probe each per tenant on the page: the schedule count kept by the
-        # database (schedules migration 0005) and the quota tables of dispatch/sql/quotas.py.
+        # Counters kept per tenant, one primary-key probe each per tenant on the page: the schedule count kept by the
+        # database (tenants/services.py) and the engine's quota counters (dispatch/services.py); as columns of the
+        # query, so the list sorts by them.
         primary = Domain.objects.filter(tenant=OuterRef("pk"), is_primary=True).order_by().values("domain")[:1]
         return (
             super()
             .get_queryset(request)
             .annotate(
-                schedules_held_count=RawSQL(
-                    "COALESCE((SELECT held FROM schedules_tenant_schedule_count c"
-                    " WHERE c.tenant_id = tenants_tenant.id), 0)",
-                    (),
-                ),
-                running_now=RawSQL(
-                    "COALESCE((SELECT running FROM dispatch_tenant_running r"
-                    " WHERE r.tenant_id = tenants_tenant.id), 0)",
-                    (),
-                ),
-                throttled_claims_count=RawSQL(
-                    "COALESCE((SELECT throttled_claims FROM dispatch_tenant_running r"
-                    " WHERE r.tenant_id = tenants_tenant.id), 0)",
-                    (),
-                ),
-                throttled_fires_count=RawSQL(
-                    "COALESCE((SELECT throttled_fires FROM dispatch_tenant_fire_bucket b"
-                    " WHERE b.tenant_id = tenants_tenant.id), 0)",
-                    (),
-                ),
+                schedules_held_count=tenant_services.schedules_held_column(),
+                **dispatch_services.tenant_quota_columns(),
                 primary_domain_name=Subquery(primary),
             )
         )

@@ -17,13 +17,12 @@ import logging
 import math
 import sys
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import DatabaseError, connection, transaction
 
 from core.clock import db_now
 from dispatch import counters
@@ -32,9 +31,8 @@ from dispatch.engine.faults import crash_point
 from dispatch.engine.leases import reap_expired_leases
 from dispatch.engine.loop import Outage, StopFlag, default_process_name, freeze_startup_heap, monotonic, run_loop
 from dispatch.errors import ShardCountMismatch
-from dispatch.outbox import Fire, enqueue
+from dispatch.occurrence_rows import write_envelopes, write_occurrences
 from dispatch.planning import MISSED, DueSchedule, Plan, Walk, walk_fires, walk_key
-from dispatch.queues import queue_for_lane
 from dispatch.quotas import pace_planned
 from dispatch.sql import PreparedCursor
 from dispatch.sql import leases as lease_sql
@@ -255,8 +253,8 @@ class Materializer:
             # Kept late fires (after an outage) are released on their tenant's one catch-up budget.
             pace_planned(cursor, [(p.schedule, p.occurrences) for p in plans if p.catch_up], now=now)
             crash_point("materializer.before_insert")
-            new_ids = self._insert_occurrences(cursor, plans, now)
-            envelopes = self._insert_envelopes(cursor, plans, new_ids)
+            new_ids = write_occurrences(cursor, plans, now)
+            envelopes = write_envelopes(cursor, plans, new_ids)
             self._advance_cursors(cursor, plans, [row[ROW_ADDRESS_COLUMN] for row in rows[: len(plans)]])
         crash_point("materializer.after_commit")
         planned = sum(len(p.occurrences) for p in plans)
@@ -328,80 +326,6 @@ class Materializer:
             plans.append(plan)
             planned += len(plan.occurrences)
         return plans
-
-    @staticmethod
-    def _insert_occurrences(cursor: PreparedCursor, plans: list[Plan], now: datetime) -> set[uuid.UUID] | None:
-        """Write the batch's occurrences; returns the ids that are new (only those get an envelope), or None when
-        every planned one is.
-
-        COPY first, under a savepoint: in the ordinary batch every fire is new. If one already has its row (a
-        backfill ahead of the cursor, a replayed batch), the batch is written again with ON CONFLICT DO NOTHING.
-        """
-        rows = [
-            (
-                occurrence.occurrence_id,
-                plan.schedule.id,
-                plan.schedule.tenant_id,
-                plan.schedule.version,
-                occurrence.scheduled_for,
-                occurrence.available_at,
-                plan.schedule.lane,
-                plan.schedule.priority,
-                occurrence.state,
-                occurrence.reason,
-                now if occurrence.state == MISSED else None,
-            )
-            for plan in plans
-            for occurrence in plan.occurrences
-        ]
-        if not rows:
-            return None
-        try:
-            with transaction.atomic():
-                cursor.copy_rows(materialize_sql.COPY_OCCURRENCES, materialize_sql.COPY_OCCURRENCE_TYPES, rows)
-            return None
-        except IntegrityError:
-            logger.info("a fire of this batch already has its row: writing it again past the existing rows")
-        columns = list(zip(*rows, strict=True))
-        cursor.execute(
-            materialize_sql.INSERT_OCCURRENCES,
-            {
-                "occurrence_ids": list(columns[0]),
-                "schedule_ids": list(columns[1]),
-                "tenant_ids": list(columns[2]),
-                "versions": list(columns[3]),
-                "scheduled_fors": list(columns[4]),
-                "available_ats": list(columns[5]),
-                "lanes": list(columns[6]),
-                "priorities": list(columns[7]),
-                "states": list(columns[8]),
-                "state_reasons": list(columns[9]),
-                "now": now,
-            },
-        )
-        return {row[0] for row in cursor.fetchall()}
-
-    @staticmethod
-    def _insert_envelopes(cursor: PreparedCursor, plans: list[Plan], new_ids: set[uuid.UUID] | None) -> int:
-        """Envelopes for the new fires to deliver (`new_ids` None: every planned fire is new)."""
-        fires = []
-        for plan in plans:
-            schedule = plan.schedule
-            # Fire.for_lane, with the lane's queue looked up once per schedule instead of once per fire.
-            queue = queue_for_lane(schedule.lane)
-            for o in plan.to_enqueue:
-                if new_ids is None or o.occurrence_id in new_ids:
-                    fires.append(
-                        Fire(
-                            o.occurrence_id,
-                            o.scheduled_for,
-                            schedule.tenant_id,
-                            queue,
-                            o.available_at,
-                            schedule.priority,
-                        )
-                    )
-        return enqueue(cursor, fires)
 
     @staticmethod
     def _advance_cursors(cursor: PreparedCursor, plans: list[Plan], rows: list[str]) -> None:

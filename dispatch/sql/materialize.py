@@ -81,13 +81,16 @@ COPY_OCCURRENCE_TYPES = [
 # scheduled_for), which is the unique fire: the id is derived from (schedule, version, scheduled_for), so a backfill
 # ahead of the cursor or a replayed batch meets the existing row. RETURNING tells which
 # rows are new, so only those get outbox entries. state_reason says why a fire was missed ('' on the ordinary path).
+# `kept` (a change's owed fires, dispatch/occurrence_rows.py) marks the delivered ones, which the change that follows
+# must not withdraw.
 INSERT_OCCURRENCES = """
 INSERT INTO dispatch_occurrence (
     occurrence_id, schedule_id, tenant_id, schedule_version, scheduled_for, available_at, lane, priority,
-    manual, state, state_reason, attempt_count, finished_at, created_at)
+    manual, state, state_reason, attempt_count, finished_at, created_at, kept)
 SELECT u.occurrence_id, u.schedule_id, u.tenant_id, u.version, u.scheduled_for, u.available_at, u.lane,
        u.priority, false, u.state, u.state_reason, 0,
-       CASE WHEN u.state = 'missed' THEN %(now)s::timestamptz END, %(now)s::timestamptz
+       CASE WHEN u.state = 'missed' THEN %(now)s::timestamptz END, %(now)s::timestamptz,
+       %(kept)s::boolean AND u.state = 'scheduled'
 FROM unnest(%(occurrence_ids)s::uuid[], %(schedule_ids)s::uuid[], %(tenant_ids)s::bigint[], %(versions)s::int[],
             %(scheduled_fors)s::timestamptz[], %(available_ats)s::timestamptz[], %(lanes)s::text[],
             %(priorities)s::smallint[], %(states)s::text[], %(state_reasons)s::text[])

@@ -266,3 +266,15 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone
 """
+
+# The console's tenant list: each tenant row's engine counters as columns of its query (one primary-key probe per
+# tenant on the page), so the list sorts by them. `tenants_tenant.id` is the outer query's row.
+TENANT_RUNNING_COLUMN = (
+    "COALESCE((SELECT running FROM dispatch_tenant_running r WHERE r.tenant_id = tenants_tenant.id), 0)"
+)
+TENANT_THROTTLED_CLAIMS_COLUMN = (
+    "COALESCE((SELECT throttled_claims FROM dispatch_tenant_running r WHERE r.tenant_id = tenants_tenant.id), 0)"
+)
+TENANT_THROTTLED_FIRES_COLUMN = (
+    "COALESCE((SELECT throttled_fires FROM dispatch_tenant_fire_bucket b WHERE b.tenant_id = tenants_tenant.id), 0)"
+)
