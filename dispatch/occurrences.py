@@ -131,8 +131,16 @@ def materialize_owed_fires(schedule, *, now: datetime) -> int:
             due.next_run_at.isoformat(),
             extra={"action": "owed_fires_truncated"},
         )
-    # The materializer's own writer (dispatch/occurrence_rows.py): fires it already wrote keep their rows, and the
-    # delivered new ones are kept, so the change that follows does not withdraw them.
+    # Fires the materializer already wrote keep their rows and take no catch-up budget: only the new ones are paced
+    # and written, by the materializer's own writer (dispatch/occurrence_rows.py), kept, so the change that follows
+    # does not withdraw them.
+    existing = set(
+        Occurrence.objects.filter(
+            occurrence_id__in=[o.occurrence_id for p in plans for o in p.occurrences]
+        ).values_list("occurrence_id", flat=True)
+    )
+    for plan in plans:
+        plan.occurrences = [o for o in plan.occurrences if o.occurrence_id not in existing]
     with transaction.atomic(), PreparedCursor() as cursor:
         pace_planned(cursor, [(p.schedule, p.occurrences) for p in plans if p.catch_up], now=now)
         new_ids = write_occurrences(cursor, plans, now, kept=True)
