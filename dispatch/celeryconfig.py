@@ -1,7 +1,7 @@
 """Celery configuration of the data plane: the queues workers consume, delivery guarantees, handler modules.
 
 Applied as defaults under the Django CELERY_* settings (scheduler_project/celery.py), so a CELERY_* setting still
-wins. `celery -A scheduler_project worker` with no options then consumes both lanes.
+wins. `celery -A scheduler_project worker` with no options then consumes both lanes and their crowd queues.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ DEFAULT_EXCHANGE = Exchange("", type="direct")
 def task_queues() -> tuple[Queue, ...]:
     # Imported here: queue names come from Django settings, which this module must not load (celery.py imports
     # it while the settings module itself may still be importing).
-    from dispatch.queues import ALL_QUEUES, queue_arguments
+    from dispatch.queues import CONSUMED_QUEUES, queue_arguments
 
     return tuple(
         Queue(
@@ -31,7 +31,7 @@ def task_queues() -> tuple[Queue, ...]:
             auto_delete=False,
             queue_arguments=queue_arguments() or None,
         )
-        for name in ALL_QUEUES
+        for name in CONSUMED_QUEUES
     )
 
 

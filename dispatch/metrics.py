@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from dispatch import counters
-from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE
+from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE, with_crowds
 from dispatch.sql import metrics as metrics_sql
 from dispatch.upkeep import upkeep_gauges
 
@@ -228,10 +228,12 @@ def collect_queues() -> Iterator[Metric]:
     """Messages ready and consumers per lane queue (a passive declare: nothing is created), and whether the broker
     answered at all."""
     messages = GaugeMetricFamily(
-        "scheduler_queue_messages", "Messages ready in the lane's queue (envelopes).", labels=["queue", "lane"]
+        "scheduler_queue_messages",
+        "Messages ready in the queue (a lane's, or its crowd queue).",
+        labels=["queue", "lane"],
     )
     consumers = GaugeMetricFamily(
-        "scheduler_queue_consumers", "Consumers of the lane's queue.", labels=["queue", "lane"]
+        "scheduler_queue_consumers", "Consumers of the queue (a lane's, or its crowd queue).", labels=["queue", "lane"]
     )
     up = 1
     try:
@@ -241,7 +243,8 @@ def collect_queues() -> Iterator[Metric]:
             transport_options={"read_timeout": BROKER_TIMEOUT_SECONDS, "write_timeout": BROKER_TIMEOUT_SECONDS},
         ) as broker:
             broker.ensure_connection(max_retries=1, timeout=BROKER_TIMEOUT_SECONDS)
-            for queue, lane in ((STRICT_QUEUE, "strict"), (FLEXIBLE_QUEUE, "flexible")):
+            lanes = ((STRICT_QUEUE, "strict"), (FLEXIBLE_QUEUE, "flexible"))
+            for queue, lane in [(name, lane) for lane_queue, lane in lanes for name in with_crowds(lane_queue)]:
                 channel = broker.channel()
                 try:
                     _, ready, consuming = channel.queue_declare(queue=queue, passive=True)

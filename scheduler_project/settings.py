@@ -322,9 +322,15 @@ SCHEDULER_FLEXIBLE_MIN_SHARE = env_float("SCHEDULER_FLEXIBLE_MIN_SHARE", 0.1, mi
 # doubles or halves its batch to keep each statement near 0.1 s (dispatch/engine/settler.py): the rows it locks are
 # the ones the workers are claiming and completing.
 SCHEDULER_SETTLE_BATCH = env_int("SCHEDULER_SETTLE_BATCH", 500, minimum=1)
+# A crowded instant: more fires of one lane released by a relay at one instant than this (a top-of-hour burst, every
+# cron of a fleet on the same minute). Its messages go to the lane's crowd queue (the lane's name + ".crowd") instead
+# of the lane's own; workers consume both and RabbitMQ hands their messages out in turn, so a fire due alone after a
+# crowd waits for a share of it, not for all of it (docs/DESIGN.md "Crowds"). Above a steady second of the seed's
+# load (2,315 fires) and below what the workers of two cores run in two seconds. 0 sends every fire to its lane's queue.
+SCHEDULER_CROWD_FIRES = env_int("SCHEDULER_CROWD_FIRES", 10000, minimum=0)
 # Longest nap of an idle relay: new envelopes for "now" (manual triggers, retries) wait at most this long.
 SCHEDULER_RELAY_MAX_IDLE_SECONDS = env_float("SCHEDULER_RELAY_MAX_IDLE_SECONDS", 0.25, minimum=0.01)
-# Durable queues per lane (the workers consume both by default).
+# Durable queues per lane, each with its crowd queue beside it (the workers consume all four by default).
 SCHEDULER_STRICT_QUEUE = env_str("SCHEDULER_STRICT_QUEUE", "scheduler.strict")
 SCHEDULER_FLEXIBLE_QUEUE = env_str("SCHEDULER_FLEXIBLE_QUEUE", "scheduler.flexible")
 # The lanes' queue type: "classic" (one node, the default) or "quorum" (replicated across a RabbitMQ cluster;

@@ -38,6 +38,7 @@ from dispatch.bench.rows import (
     BenchRefused,
     schedule_row,
 )
+from dispatch.queues import with_crowds
 from tenants.models import Tenant
 from tenants.services import provision_tenant
 
@@ -66,7 +67,7 @@ class BurstConfig:
 
 
 class BurstBenchmark(BurstMeasurements):
-    queues = (BENCH_STRICT_QUEUE, BENCH_FLEXIBLE_QUEUE)
+    queues = with_crowds(BENCH_STRICT_QUEUE, BENCH_FLEXIBLE_QUEUE)
     # The handler of the bench schedules; the burst never runs it (no workers), the drain does.
     handler = "noop"
 
@@ -134,7 +135,7 @@ class BurstBenchmark(BurstMeasurements):
                 self.delete_tenants(bench)
         with BrokerConnection(settings.CELERY_BROKER_URL) as broker:
             channel = broker.channel()
-            for queue in (BENCH_STRICT_QUEUE, BENCH_FLEXIBLE_QUEUE):
+            for queue in with_crowds(BENCH_STRICT_QUEUE, BENCH_FLEXIBLE_QUEUE):
                 try:
                     channel.queue_delete(queue)
                 except Exception:

@@ -36,6 +36,7 @@ from dispatch.bench.processes import PROJECT_ROOT, database_url, start_child
 from dispatch.engine.faults import FAULT_EXIT_CODE, POINTS
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OccurrenceState
+from dispatch.queues import with_crowds
 from dispatch.reconcile import reconcile
 from schedules.services import create_schedule
 from tenants.models import Tenant
@@ -139,7 +140,7 @@ class CrashMatrix:
             "-n",
             node,
             "-Q",
-            f"{strict},{flexible}",
+            ",".join(with_crowds(strict, flexible)),
         ]
         self.roles = {
             "materializer": Role("materializer", [*manage, "materialize", "--name", "crash-materializer"], env),

@@ -17,13 +17,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import TYPE_CHECKING, NamedTuple
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from aiormq.exceptions import DeliveryError
 
+from dispatch.queues import crowd_queue
 from dispatch.wire import bundle_body, message_headers, task_id_for
 
 if TYPE_CHECKING:
@@ -103,29 +107,80 @@ class QueueRefusals:
         return {queue: refusals.publishes for queue, refusals in self._open.items()}
 
 
-def bundles(envelopes: list[StagedEnvelope], most_fires: int) -> list[list[StagedEnvelope]]:
-    """Cut envelopes due at one instant (in release order) into messages: consecutive envelopes of one queue share a
-    message while their fires fit in `most_fires`; an envelope that fills it alone goes alone. Release order is kept:
-    strict before flexible, tenants interleaved as the fair-queueing tags put them."""
-    cut: list[list[StagedEnvelope]] = []
+class Message(NamedTuple):
+    """One AMQP message: the envelopes it carries (usually one) and the queue it goes to."""
+
+    routing_key: str
+    envelopes: list[StagedEnvelope]
+
+
+class CrowdRouter:
+    """The queue of each released envelope: its lane's, or the lane's crowd queue (dispatch/queues.py) when more than
+    `crowd_fires` fires of that lane are released for one instant (SCHEDULER_CROWD_FIRES).
+
+    Why: a lane's queue is FIFO. A top-of-hour burst of 100,000 fires is tens of seconds of the workers' time, and the
+    fires due alone in the seconds after it used to wait behind all of it (the steady bench: start lag p99 14-15 s
+    outside the bursts, docs/BENCHMARKS.md). Workers consume both queues, and RabbitMQ hands out the messages of the
+    queues a channel consumes in turn, so the lone fires get about half the pool while a crowd drains. A crowd that
+    a relay claims over several steps (SCHEDULER_RELAY_BATCH envelopes each) stays one: its instants are remembered.
+    Each relay counts what it releases, so with several relays a crowd is seen per relay's share of it.
+    """
+
+    # Crowded (queue, instant) pairs remembered; an instant's late steps come within seconds of its first.
+    REMEMBERED = 64
+
+    def __init__(self, crowd_fires: int) -> None:
+        self.crowd_fires = crowd_fires
+        self._crowded: dict[tuple[str, datetime], None] = {}  # insertion-ordered: the oldest is dropped first
+
+    def routes(self, envelopes: Iterable[StagedEnvelope]) -> dict[int, str]:
+        """Envelope id -> the queue its message goes to, for envelopes released together."""
+        envelopes = list(envelopes)
+        if self.crowd_fires > 0:
+            fires: Counter[tuple[str, datetime]] = Counter()
+            for envelope in envelopes:
+                fires[(envelope.queue, envelope.available_at)] += envelope.fires
+            for instant, count in fires.items():
+                if count > self.crowd_fires and instant not in self._crowded:
+                    self._crowded[instant] = None
+                    if len(self._crowded) > self.REMEMBERED:
+                        del self._crowded[next(iter(self._crowded))]
+        return {
+            envelope.id: (
+                crowd_queue(envelope.queue)
+                if (envelope.queue, envelope.available_at) in self._crowded
+                else envelope.queue
+            )
+            for envelope in envelopes
+        }
+
+
+def bundles(envelopes: list[StagedEnvelope], most_fires: int, routes: Mapping[int, str] | None = None) -> list[Message]:
+    """Cut envelopes due at one instant (in release order) into messages: consecutive envelopes routed to one queue
+    (`routes`, by envelope id; their own queue when absent) share a message while their fires fit in `most_fires`;
+    an envelope that fills it alone goes alone. Release order is kept: strict before flexible, tenants interleaved as
+    the fair-queueing tags put them."""
+    cut: list[Message] = []
     fires = 0
     for envelope in envelopes:
+        queue = routes.get(envelope.id, envelope.queue) if routes else envelope.queue
         current = cut[-1] if cut else None
-        if current is not None and current[0].queue == envelope.queue and fires + envelope.fires <= most_fires:
-            current.append(envelope)
+        if current is not None and current.routing_key == queue and fires + envelope.fires <= most_fires:
+            current.envelopes.append(envelope)
             fires += envelope.fires
         else:
-            cut.append([envelope])
+            cut.append(Message(queue, [envelope]))
             fires = envelope.fires
     return cut
 
 
-async def publish(channel: AbstractChannel, bundle: list[StagedEnvelope]) -> float:
-    """Publish one message carrying the bundle's envelopes (usually one); resolves when the broker confirmed it,
-    returning that monotonic instant."""
+async def publish(channel: AbstractChannel, message: Message) -> float:
+    """Publish one message carrying its envelopes (usually one); resolves when the broker confirmed it, returning
+    that monotonic instant."""
+    bundle = message.envelopes
     first = bundle[0]
     task_id = task_id_for(first.id) if len(bundle) == 1 else f"{task_id_for(first.id)}+{len(bundle) - 1}"
-    message = aio_pika.Message(
+    amqp_message = aio_pika.Message(
         bundle_body([(envelope.id, envelope.body) for envelope in bundle]),
         headers=message_headers(task_id, sum(envelope.fires for envelope in bundle)),
         content_type="application/json",
@@ -134,21 +189,21 @@ async def publish(channel: AbstractChannel, bundle: list[StagedEnvelope]) -> flo
         correlation_id=task_id,
     )
     # mandatory: an unroutable message comes back as an error instead of vanishing, so it is retried.
-    await channel.default_exchange.publish(message, routing_key=first.queue, mandatory=True)
+    await channel.default_exchange.publish(amqp_message, routing_key=message.routing_key, mandatory=True)
     return time.monotonic()
 
 
 async def publish_group(
     channel: AbstractChannel,
     broker: AbstractRobustConnection | None,
-    messages: list[list[StagedEnvelope]],
+    messages: list[Message],
     *,
     timeout: float,
-) -> list[float | BaseException]:
-    """Publish messages (bundles of envelopes) concurrently; each result is its confirmation's monotonic instant or
-    its error. A publish not confirmed within `timeout`, or still in flight when RabbitMQ blocks the connection,
-    fails."""
-    tasks = [asyncio.ensure_future(publish(channel, bundle)) for bundle in messages]
+) -> dict[int, float | BaseException]:
+    """Publish messages (bundles of envelopes) concurrently; returns, per envelope id, its message's confirmation
+    (a monotonic instant) or error. A publish not confirmed within `timeout`, or still in flight when RabbitMQ blocks
+    the connection, fails."""
+    tasks = [asyncio.ensure_future(publish(channel, message)) for message in messages]
     deadline = time.monotonic() + timeout
     pending: set[asyncio.Future[float]] = set(tasks)
     failure: BaseException | None = None
@@ -165,12 +220,14 @@ async def publish_group(
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             break
-    results: list[float | BaseException] = []
-    for task in tasks:
+    results: dict[int, float | BaseException] = {}
+    for message, task in zip(messages, tasks, strict=True):
+        result: float | BaseException
         if task.cancelled():
-            results.append(failure or asyncio.CancelledError())
+            result = failure or asyncio.CancelledError()
         elif (exc := task.exception()) is not None:
-            results.append(exc)
+            result = exc
         else:
-            results.append(task.result())
+            result = task.result()
+        results.update(dict.fromkeys((envelope.id for envelope in message.envelopes), result))
     return results

@@ -35,6 +35,7 @@ from dispatch.engine.faults import crash_point
 from dispatch.engine.loop import Outage, StopFlag, default_process_name, run_loop_async
 from dispatch.engine.publishing import (
     BrokerBlocked,
+    CrowdRouter,
     PublishFailed,
     QueueRefusals,
     broker_blocked,
@@ -44,7 +45,7 @@ from dispatch.engine.publishing import (
 )
 from dispatch.engine.relay_claims import Grant, StagedEnvelope
 from dispatch.engine.settler import Settler
-from dispatch.queues import ALL_QUEUES, queue_arguments
+from dispatch.queues import CONSUMED_QUEUES, queue_arguments
 from dispatch.sql import database_conninfo
 from dispatch.sql import leases as lease_sql
 from dispatch.sql import outbox as outbox_sql
@@ -100,6 +101,7 @@ class Relay:
         self.stop = StopFlag()
         self.stats = RelayStats()
         self.refusals = QueueRefusals()
+        self.crowds = CrowdRouter(settings.SCHEDULER_CROWD_FIRES)
         self._db: psycopg.AsyncConnection | None = None
         self._broker: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
@@ -170,7 +172,7 @@ class Relay:
     async def declare_queues(self) -> None:
         """Declare the lanes' queues (idempotent): also after a failed publish, since a deleted queue is the
         usual reason a message comes back. Bounded like a publish: a blocked broker answers nothing."""
-        for queue in ALL_QUEUES:
+        for queue in CONSUMED_QUEUES:
             # Durable, with the same arguments as the Celery workers declare them (dispatch.queues.queue_arguments).
             arguments: Any = queue_arguments() or None
             await self.channel.declare_queue(queue, durable=True, arguments=arguments, timeout=self.publish_timeout)
@@ -350,11 +352,9 @@ class Relay:
                     (claim for claim in due if timer.state(claim.task_id) == "running"),
                     key=lambda claim: staged[_envelope_id(claim)].release_key,
                 )
-                messages = bundles([staged[_envelope_id(claim)] for claim in live], self.bundle_fires)
-                results = await publish_group(self.channel, self._broker, messages, timeout=self.publish_timeout)
-                by_envelope = {
-                    envelope.id: result for bundle, result in zip(messages, results, strict=True) for envelope in bundle
-                }
+                released = [staged[_envelope_id(claim)] for claim in live]
+                messages = bundles(released, self.bundle_fires, self.crowds.routes(released))
+                by_envelope = await publish_group(self.channel, self._broker, messages, timeout=self.publish_timeout)
                 for claim in live:
                     envelope = staged[_envelope_id(claim)]
                     result = by_envelope[envelope.id]

@@ -14,15 +14,19 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from amqp.exceptions import NotFound
 from django.conf import settings
+from django.db import connection
 from kombu import Connection
 
-from dispatch.outbox import Fire
-from dispatch.queues import queue_for_lane
+from dispatch.identity import occurrence_id_for
+from dispatch.models import Occurrence, OccurrenceState
+from dispatch.outbox import Fire, enqueue
+from dispatch.queues import queue_for_lane, with_crowds
 from tests.integration.processes import ROOT, manage, process_env, run_manage
 from tests.support import wait_for
 
@@ -52,6 +56,33 @@ class Fleet:
             occurrence.available_at,
             occurrence.priority,
         )
+
+    def due(
+        self, make_schedule: Any, tenant: Any, count: int, at: datetime, *, envelope: int, **schedule_fields: Any
+    ) -> list[Occurrence]:
+        """`count` occurrences of one new schedule of `tenant`, released at `at` in envelopes of `envelope` fires on
+        this fleet's strict queue (each at its own microsecond, so they are distinct fires)."""
+        name = f"fleet-{uuid.uuid4().hex[:8]}"
+        schedule = make_schedule(tenant, name=name, max_lateness_seconds=3600, **schedule_fields)
+        occurrences = Occurrence.objects.bulk_create(
+            [
+                Occurrence(
+                    occurrence_id=occurrence_id_for(schedule.id, schedule.version, at + timedelta(microseconds=n)),
+                    schedule=schedule,
+                    tenant_id=tenant.id,
+                    schedule_version=schedule.version,
+                    scheduled_for=at + timedelta(microseconds=n),
+                    available_at=at,
+                    lane=schedule.lane,
+                    priority=0,
+                    state=OccurrenceState.SCHEDULED,
+                )
+                for n in range(count)
+            ]
+        )
+        with connection.cursor() as cursor:
+            enqueue(cursor, [self.fire(o) for o in occurrences], size=envelope)
+        return occurrences
 
     def relay(self, **env: str) -> subprocess.Popen:
         log = _log_file("relay")
@@ -90,7 +121,7 @@ class Fleet:
     def purge(self) -> None:
         """Delete the queues: the processes declare them again."""
         with Connection(settings.CELERY_BROKER_URL) as conn:
-            for name in (self.strict, self.flexible):
+            for name in with_crowds(self.strict, self.flexible):
                 conn.default_channel.queue_delete(name)
 
     def stop(self) -> None:
@@ -128,6 +159,15 @@ def consumers(queue: str) -> int:
     with Connection(settings.CELERY_BROKER_URL) as conn:
         try:
             return conn.default_channel.queue_declare(queue=queue, durable=True, passive=True).consumer_count
+        except NotFound:
+            return 0
+
+
+def queue_depth(queue: str) -> int:
+    """Messages ready in a queue (0 when it does not exist)."""
+    with Connection(settings.CELERY_BROKER_URL) as conn:
+        try:
+            return conn.default_channel.queue_declare(queue=queue, durable=True, passive=True).message_count
         except NotFound:
             return 0
 

@@ -3,18 +3,13 @@ webhooks calling a target that answers one header line a second, tenant B's noop
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 
 from core.clock import db_now
-from dispatch.identity import occurrence_id_for
 from dispatch.models import TERMINAL_STATES, Attempt, Occurrence, OccurrenceState
-from dispatch.outbox import enqueue
-from tenants.models import Tenant
 from tests.integration.fleet import Fleet, running_fleet
 from tests.integration.slow_target import SlowTarget, header_drip, slow_target
 from tests.support import wait_for
@@ -38,32 +33,6 @@ def fleet() -> Iterator[Fleet]:
         yield running
 
 
-def due(
-    fleet: Fleet, make_schedule, tenant: Tenant, count: int, at, *, envelope: int, **schedule_fields
-) -> list[Occurrence]:
-    """`count` occurrences of one new schedule released at `at`, in envelopes of `envelope`, on the fleet's queue."""
-    schedule = make_schedule(tenant, name=f"iso-{uuid.uuid4().hex[:8]}", max_lateness_seconds=3600, **schedule_fields)
-    occurrences = Occurrence.objects.bulk_create(
-        [
-            Occurrence(
-                occurrence_id=occurrence_id_for(schedule.id, schedule.version, at + timedelta(microseconds=n)),
-                schedule=schedule,
-                tenant_id=tenant.id,
-                schedule_version=schedule.version,
-                scheduled_for=at + timedelta(microseconds=n),
-                available_at=at,
-                lane=schedule.lane,
-                priority=0,
-                state=OccurrenceState.SCHEDULED,
-            )
-            for n in range(count)
-        ]
-    )
-    with connection.cursor() as cursor:
-        enqueue(cursor, [fleet.fire(o) for o in occurrences], size=envelope)
-    return occurrences
-
-
 @pytest.mark.exclusive  # its bounds are timings: measured on a box no other test is loading
 def test_a_tenant_whose_webhooks_hang_does_not_delay_another_tenants_fires(
     tenant_a, tenant_b, make_schedule, fleet, dripping
@@ -75,8 +44,7 @@ def test_a_tenant_whose_webhooks_hang_does_not_delay_another_tenants_fires(
     t0 = db_now().replace(microsecond=0) + timedelta(seconds=2)
     # Two envelopes, so both pool processes take one: on the old worker each held its process until the target
     # was done with it (two minutes), whatever timeout_seconds said.
-    hanging = due(
-        fleet,
+    hanging = fleet.due(
         make_schedule,
         slow,
         24,
@@ -87,7 +55,7 @@ def test_a_tenant_whose_webhooks_hang_does_not_delay_another_tenants_fires(
         max_attempts=1,
     )
     on_time = [
-        due(fleet, make_schedule, other, 10, t0 + timedelta(seconds=offset), envelope=250) for offset in (2, 5, 8)
+        fleet.due(make_schedule, other, 10, t0 + timedelta(seconds=offset), envelope=250) for offset in (2, 5, 8)
     ]
     quick = [o for batch in on_time for o in batch]
 

@@ -10,10 +10,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from dispatch.engine.publishing import bundles
+from dispatch.engine.publishing import CrowdRouter, bundles
 from dispatch.engine.relay_claims import StagedEnvelope
 from dispatch.outbox import Fire, pack
-from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE
+from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE, crowd_queue
 from dispatch.wire import (
     BODY_VERSION,
     PAIRS_BODY_VERSION,
@@ -254,6 +254,55 @@ def test_envelopes_due_together_share_messages_of_one_queue_up_to_the_fires_of_a
     due = [staged(1, STRICT_QUEUE, 2), staged(2, STRICT_QUEUE, 3), staged(3, STRICT_QUEUE, 250)]
     due += [staged(4, STRICT_QUEUE, 1), staged(5, FLEXIBLE_QUEUE, 1), staged(6, FLEXIBLE_QUEUE, 1)]
     cut = bundles(due, most_fires=250)
-    assert [[e.id for e in bundle] for bundle in cut] == [[1, 2], [3], [4], [5, 6]]
-    assert all(len({e.queue for e in bundle}) == 1 for bundle in cut)
-    assert bundles(due, most_fires=1)[0] == [due[0]], "an envelope bigger than the bound still goes, alone"
+    assert [[e.id for e in message.envelopes] for message in cut] == [[1, 2], [3], [4], [5, 6]]
+    assert [message.routing_key for message in cut] == [STRICT_QUEUE] * 3 + [FLEXIBLE_QUEUE]
+    assert all({e.queue for e in message.envelopes} == {message.routing_key} for message in cut)
+    assert bundles(due, most_fires=1)[0].envelopes == [due[0]], "an envelope bigger than the bound still goes, alone"
+
+
+def test_envelopes_routed_to_different_queues_never_share_a_message():
+    due = [staged(1, STRICT_QUEUE, 2), staged(2, STRICT_QUEUE, 3), staged(3, STRICT_QUEUE, 4)]
+    cut = bundles(due, most_fires=250, routes={2: crowd_queue(STRICT_QUEUE)})
+    assert [(m.routing_key, [e.id for e in m.envelopes]) for m in cut] == [
+        (STRICT_QUEUE, [1]),
+        (crowd_queue(STRICT_QUEUE), [2]),
+        (STRICT_QUEUE, [3]),
+    ]
+
+
+def at(envelope_id: int, queue: str, fires: int, instant: datetime) -> StagedEnvelope:
+    return StagedEnvelope(envelope_id, queue, 0, b"", fires, instant, envelope_id, (0, 0.0))
+
+
+def test_an_instant_with_more_fires_of_a_lane_than_the_crowd_bound_goes_to_the_lanes_crowd_queue():
+    router = CrowdRouter(crowd_fires=100)
+    later = T0 + timedelta(seconds=1)
+    released = [at(1, STRICT_QUEUE, 60, T0), at(2, STRICT_QUEUE, 60, T0), at(3, FLEXIBLE_QUEUE, 60, T0)]
+    released += [at(4, STRICT_QUEUE, 60, later)]
+    assert router.routes(released) == {
+        1: crowd_queue(STRICT_QUEUE),
+        2: crowd_queue(STRICT_QUEUE),
+        3: FLEXIBLE_QUEUE,  # the other lane's 60 fires of that instant are no crowd
+        4: STRICT_QUEUE,  # nor the strict lane's at the next second
+    }
+
+
+def test_the_rest_of_a_crowd_released_in_a_later_step_follows_it_to_the_crowd_queue():
+    router = CrowdRouter(crowd_fires=100)
+    assert router.routes([at(1, STRICT_QUEUE, 101, T0)]) == {1: crowd_queue(STRICT_QUEUE)}
+    assert router.routes([at(2, STRICT_QUEUE, 5, T0)]) == {2: crowd_queue(STRICT_QUEUE)}
+    assert router.routes([at(3, STRICT_QUEUE, 5, T0 + timedelta(seconds=1))]) == {3: STRICT_QUEUE}
+
+
+def test_the_crowd_bound_at_its_limit_or_off_keeps_every_fire_on_its_lanes_queue():
+    assert CrowdRouter(crowd_fires=100).routes([at(1, STRICT_QUEUE, 100, T0)]) == {1: STRICT_QUEUE}
+    assert CrowdRouter(crowd_fires=0).routes([at(1, STRICT_QUEUE, 10**6, T0)]) == {1: STRICT_QUEUE}
+
+
+def test_a_relay_remembers_a_bounded_number_of_crowded_instants():
+    router = CrowdRouter(crowd_fires=1)
+    for n in range(CrowdRouter.REMEMBERED + 10):
+        router.routes([at(n, STRICT_QUEUE, 2, T0 + timedelta(seconds=n))])
+    assert router.routes([at(0, STRICT_QUEUE, 1, T0)]) == {0: STRICT_QUEUE}, "the oldest instant was forgotten"
+    latest = T0 + timedelta(seconds=CrowdRouter.REMEMBERED + 9)
+    assert router.routes([at(0, STRICT_QUEUE, 1, latest)]) == {0: crowd_queue(STRICT_QUEUE)}
