@@ -51,17 +51,9 @@ MAX_FIRES_PER_BATCH = 20_000
 # A batch planning this many fires (a burst's, a catch-up's) has the materializer hand its free memory back once the
 # drain ends; a steady batch plans a second's worth or so and leaves it.
 TRIM_AFTER_FIRES = 5_000
-# Early work: while the earliest due instant of a full batch is more than two thirds of the horizon ahead, the main
-# thread writes alone and rests as long as each batch took (half a core at most). A top-of-hour burst enters the
-# horizon all at once; written flat out by every batch thread it took the box's CPU for seconds, and the workers running
-# the fires due meanwhile fell 3-6 s behind (docs/DESIGN.md, "A burst far ahead is written at half a core"). Paced,
-# 100,000 fires take ~20 s of the first third of the horizon; what is left when the instant comes nearer is written at
-# full speed, so a bigger burst (or a failover) still has the last two thirds, as before.
-EARLY_PART_OF_HORIZON = 1 / 3
 
 # The scan's row (SCAN_DUE_SCHEDULES): DueSchedule's fields, then the cursor's shard, its row address and the schedule
 # id's text.
-NEXT_RUN_COLUMN = DueSchedule._fields.index("next_run_at")
 SHARD_COLUMN = -3
 ROW_ADDRESS_COLUMN = -2
 ID_TEXT_COLUMN = -1
@@ -71,7 +63,6 @@ ID_TEXT_COLUMN = -1
 class BatchWritten:
     processed: int  # schedules planned and written
     more_due: bool  # the batch was full (or deferred some): due schedules may be waiting
-    earliest: datetime | None = None  # the earliest due instant among the schedules it read
 
 
 class Materializer:
@@ -102,8 +93,6 @@ class Materializer:
         # Set by a batch of many fires (a burst, a catch-up): once the drain ends, free memory goes back.
         self._trim_due = False
         self.stop = StopFlag()
-        # How the main thread rests after a batch of early work (a test records it instead).
-        self._rest: Callable[[float], None] = self.stop.sleep
         self.upkeep = Upkeep()
         self.outage = Outage()  # one for the main loop and the batch threads: an outage is logged once
 
@@ -215,18 +204,7 @@ class Materializer:
         a few hundred schedules each, ~3 scans a second for what one scan a second finds. The horizon is far longer
         than the nap, so a fire is still written long before it is due.
         """
-        started, now = monotonic(), self.clock()
-        written = self._write_batch(now)
-        more_due = written.more_due
-        if (
-            more_due
-            and written.earliest is not None
-            and written.earliest - now > self.horizon * (1 - EARLY_PART_OF_HORIZON)
-        ):
-            # Early work (EARLY_PART_OF_HORIZON): alone, and resting as long as the batch took.
-            self._draining = False
-            self._rest(monotonic() - started)
-            return True
+        more_due = self._write_batch(self.clock()).more_due
         self._draining = more_due
         if not more_due and self._trim_due:
             self._trim_due = False
@@ -268,7 +246,6 @@ class Materializer:
             if not rows:
                 return BatchWritten(0, more_due=False)
             full = len(rows) >= self.batch_size
-            earliest = min(row[NEXT_RUN_COLUMN] for row in rows)
             rows = self._confirm_leases(cursor, rows, leases)
             if not rows:
                 return BatchWritten(0, more_due=full)
@@ -304,7 +281,7 @@ class Materializer:
                 MAX_FIRES_PER_BATCH,
                 extra={"action": "materialize_deferred"},
             )
-        return BatchWritten(len(plans), more_due=full or len(plans) < len(rows), earliest=earliest)
+        return BatchWritten(len(plans), more_due=full or len(plans) < len(rows))
 
     def _confirm_leases(self, cursor: PreparedCursor, rows: list[tuple], leases: dict[int, int]) -> list[tuple]:
         """Fencing (rule 3): the leases of the shards this batch read must still be ours, with the generation we were

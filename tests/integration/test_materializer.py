@@ -226,40 +226,6 @@ def test_the_process_loop_scans_again_at_once_only_while_batches_come_back_full(
     assert Occurrence.objects.filter(schedule=late).exists()
 
 
-def burst_of_one_offs(make_schedule, tenant, count: int, at: datetime) -> None:
-    for n in range(count):
-        make_schedule(tenant, name=f"burst-{at:%H%M%S}-{n}", kind="once", cron=None, run_at=at, now=T0)
-
-
-def test_a_burst_far_ahead_is_written_by_the_main_thread_alone_resting_as_long_as_each_batch_took(
-    tenant_a, make_schedule
-):
-    """A top-of-hour burst enters the horizon all at once: in its first third the main thread writes it alone and
-    rests after each batch, so the workers running the fires due meanwhile keep most of the CPU."""
-    burst_of_one_offs(make_schedule, tenant_a.tenant, 3, T0 + timedelta(seconds=110))  # horizon 120 s: 110 s ahead
-    m = materializer(batch_size=2, clock=lambda: T0)
-    rests: list[float] = []
-    m._rest = rests.append
-    assert m._drain_step() is True, "a full batch: more is due"
-    assert len(rests) == 1 and rests[0] > 0, "the main thread rests as long as the batch took"
-    m._helper_step()
-    assert Occurrence.objects.count() == 2, "early work: the helpers stand aside"
-    assert m._drain_step() is False, "the last one-off: a short batch, no rest"
-    assert len(rests) == 1 and Occurrence.objects.count() == 3
-
-
-def test_a_burst_nearer_than_two_thirds_of_the_horizon_is_written_at_full_speed(tenant_a, make_schedule):
-    burst_of_one_offs(make_schedule, tenant_a.tenant, 3, T0 + timedelta(seconds=70))  # 70 s ahead: within 80 s
-    m = materializer(batch_size=2, clock=lambda: T0)
-    rests: list[float] = []
-    m._rest = rests.append
-    assert m._drain_step() is True
-    assert Occurrence.objects.count() == 2
-    m._helper_step()
-    assert Occurrence.objects.count() == 3, "the helpers join at once"
-    assert rests == []
-
-
 def test_the_memory_of_a_bursts_batches_goes_back_once_the_drain_ends(tenant_a, make_schedule, monkeypatch):
     """A batch of many fires (a burst) has the main thread hand the allocator's free pages back once the due set is
     drained, once; steady batches below the bound leave them (each batch plans a second's worth or so)."""
