@@ -42,8 +42,8 @@ test: install services browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) -m "not exclusive"
-	$(BIN)/pytest -q -p no:cacheprovider -m exclusive
+	$(BIN)/pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) -m "not exclusive"
+	$(BIN)/pytest -q -p no:cacheprovider --durations=10 -m exclusive
 
 # The unit tier: no PostgreSQL, no RabbitMQ (their addresses point at a closed port, so a test that reached for one
 # fails instead of passing on this machine only), property tests at a tenth of their examples. Under 30 s.
