@@ -10,6 +10,7 @@ import pytest
 
 from core.clock import db_now
 from dispatch.models import Attempt, Occurrence, OccurrenceState
+from dispatch.queues import crowd_queue
 from tests.integration.test_quotas_processes import STRICT, consumers, due_fires, fleet
 from tests.support import wait_for
 
@@ -28,7 +29,8 @@ def test_fires_run_once_through_quorum_queues(tenant_a, make_schedule, fleet):
     fleet("relay", SCHEDULER_QUEUE_TYPE="quorum")
     fleet("worker", SCHEDULER_QUEUE_TYPE="quorum")
     wait_for(lambda: consumers(STRICT) == 1, 60, "the worker to consume")
-    assert queue_types().get(STRICT) == "quorum"
+    types = queue_types()
+    assert (types.get(STRICT), types.get(crowd_queue(STRICT))) == ("quorum", "quorum"), "the crowd queue is one too"
 
     occurrences = due_fires(make_schedule, tenant_a.tenant, 150, db_now() + timedelta(seconds=1))
     ids = [o.occurrence_id for o in occurrences]

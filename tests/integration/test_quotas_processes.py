@@ -21,7 +21,7 @@ from core.clock import db_now
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 from dispatch.outbox import Fire, enqueue
-from dispatch.queues import queue_for_lane
+from dispatch.queues import queue_for_lane, with_crowds
 from tenants.models import Tenant
 from tests import handlers as test_handlers
 from tests.integration.processes import ROOT, manage, process_env
@@ -88,10 +88,11 @@ def role_is_group(process: subprocess.Popen) -> bool:
 
 
 def purge() -> None:
-    """Delete this module's queues: the processes declare them again, of the type their settings say."""
+    """Delete this module's queues, crowd queues too: the processes declare them again, of the type their settings
+    say (RabbitMQ refuses a classic declaration of a queue a quorum test left behind)."""
     with Connection(settings.CELERY_BROKER_URL) as conn:
         channel = conn.default_channel
-        for name in (STRICT, FLEXIBLE):
+        for name in with_crowds(STRICT, FLEXIBLE):
             channel.queue_delete(name)
 
 
