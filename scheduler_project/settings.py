@@ -334,8 +334,8 @@ SCHEDULER_RELAY_MAX_IDLE_SECONDS = env_float("SCHEDULER_RELAY_MAX_IDLE_SECONDS",
 SCHEDULER_STRICT_QUEUE = env_str("SCHEDULER_STRICT_QUEUE", "scheduler.strict")
 SCHEDULER_FLEXIBLE_QUEUE = env_str("SCHEDULER_FLEXIBLE_QUEUE", "scheduler.flexible")
 # The lanes' queue type: "classic" (one node, the default) or "quorum" (replicated across a RabbitMQ cluster;
-# docs/SCALING.md measures the difference). Changing it on existing queues needs them deleted first (RabbitMQ
-# refuses to redeclare a queue with another type); drain them before.
+# docs/SCALING.md measures the difference). Changing it on existing queues needs them deleted first, the crowd queues
+# too (RabbitMQ refuses to redeclare a queue with another type); drain them before.
 SCHEDULER_QUEUE_TYPE = env_str("SCHEDULER_QUEUE_TYPE", "classic")
 if SCHEDULER_QUEUE_TYPE not in ("classic", "quorum"):
     raise ImproperlyConfigured(f"SCHEDULER_QUEUE_TYPE={SCHEDULER_QUEUE_TYPE!r}: use classic or quorum.")
