@@ -1,7 +1,7 @@
 """Real relays and Celery workers on queues of a test module's own, started and stopped as a supervisor would.
 
 Every process of one fleet uses the same lane queue names (the suite's, with a suffix), so the envelopes they write
-(retries, parked or yielded work) and the ones the test writes through `fleet.fire` meet the same relay and worker.
+(retries, parked or yielded work) and the ones the test writes through `fleet.due` meet the same relay and worker.
 """
 
 from __future__ import annotations
@@ -46,43 +46,11 @@ class Fleet:
             **overrides,
         )
 
-    def fire(self, occurrence: Any) -> Fire:
-        """The outbox fire of an occurrence on this fleet's strict queue, due at its available_at."""
-        return Fire(
-            occurrence.occurrence_id,
-            occurrence.scheduled_for,
-            occurrence.tenant_id,
-            self.strict,
-            occurrence.available_at,
-            occurrence.priority,
-        )
-
     def due(
         self, make_schedule: Any, tenant: Any, count: int, at: datetime, *, envelope: int, **schedule_fields: Any
     ) -> list[Occurrence]:
-        """`count` occurrences of one new schedule of `tenant`, released at `at` in envelopes of `envelope` fires on
-        this fleet's strict queue (each at its own microsecond, so they are distinct fires)."""
-        name = f"fleet-{uuid.uuid4().hex[:8]}"
-        schedule = make_schedule(tenant, name=name, max_lateness_seconds=3600, **schedule_fields)
-        occurrences = Occurrence.objects.bulk_create(
-            [
-                Occurrence(
-                    occurrence_id=occurrence_id_for(schedule.id, schedule.version, at + timedelta(microseconds=n)),
-                    schedule=schedule,
-                    tenant_id=tenant.id,
-                    schedule_version=schedule.version,
-                    scheduled_for=at + timedelta(microseconds=n),
-                    available_at=at,
-                    lane=schedule.lane,
-                    priority=0,
-                    state=OccurrenceState.SCHEDULED,
-                )
-                for n in range(count)
-            ]
-        )
-        with connection.cursor() as cursor:
-            enqueue(cursor, [self.fire(o) for o in occurrences], size=envelope)
-        return occurrences
+        """`due_on` this fleet's strict queue."""
+        return due_on(self.strict, make_schedule, tenant, count, at, envelope=envelope, **schedule_fields)
 
     def relay(self, **env: str) -> subprocess.Popen:
         log = _log_file("relay")
@@ -155,21 +123,60 @@ def running_fleet(suffix: str) -> Iterator[Fleet]:
         fleet.purge()
 
 
-def consumers(queue: str) -> int:
+def due_on(
+    queue: str,
+    make_schedule: Any,
+    tenant: Any,
+    count: int,
+    at: datetime,
+    *,
+    envelope: int | None = None,
+    **schedule_fields: Any,
+) -> list[Occurrence]:
+    """`count` occurrences of one new schedule of `tenant`, released at `at` on `queue` in envelopes of `envelope`
+    fires (the deployment's size when None), each at its own microsecond so they are distinct fires."""
+    name = f"fleet-{uuid.uuid4().hex[:8]}"
+    schedule = make_schedule(tenant, name=name, max_lateness_seconds=3600, **schedule_fields)
+    occurrences = Occurrence.objects.bulk_create(
+        [
+            Occurrence(
+                occurrence_id=occurrence_id_for(schedule.id, schedule.version, at + timedelta(microseconds=n)),
+                schedule=schedule,
+                tenant_id=tenant.id,
+                schedule_version=schedule.version,
+                scheduled_for=at + timedelta(microseconds=n),
+                available_at=at,
+                lane=schedule.lane,
+                priority=0,
+                state=OccurrenceState.SCHEDULED,
+            )
+            for n in range(count)
+        ]
+    )
+    fires = [Fire(o.occurrence_id, o.scheduled_for, tenant.id, queue, at, 0) for o in occurrences]
+    with connection.cursor() as cursor:
+        enqueue(cursor, fires, size=envelope)
+    return occurrences
+
+
+def _passive_declare(queue: str) -> Any:
+    """RabbitMQ's account of a queue (message and consumer counts), or None when it does not exist."""
     with Connection(settings.CELERY_BROKER_URL) as conn:
         try:
-            return conn.default_channel.queue_declare(queue=queue, durable=True, passive=True).consumer_count
+            return conn.default_channel.queue_declare(queue=queue, durable=True, passive=True)
         except NotFound:
-            return 0
+            return None
+
+
+def consumers(queue: str) -> int:
+    declared = _passive_declare(queue)
+    return declared.consumer_count if declared else 0
 
 
 def queue_depth(queue: str) -> int:
     """Messages ready in a queue (0 when it does not exist)."""
-    with Connection(settings.CELERY_BROKER_URL) as conn:
-        try:
-            return conn.default_channel.queue_declare(queue=queue, durable=True, passive=True).message_count
-        except NotFound:
-            return 0
+    declared = _passive_declare(queue)
+    return declared.message_count if declared else 0
 
 
 def _log_file(role: str) -> Path:

@@ -18,12 +18,11 @@ from django.db import connection
 from kombu import Connection
 
 from core.clock import db_now
-from dispatch.identity import occurrence_id_for
 from dispatch.models import Attempt, Occurrence, OccurrenceState
-from dispatch.outbox import Fire, enqueue
 from dispatch.queues import queue_for_lane, with_crowds
 from tenants.models import Tenant
 from tests import handlers as test_handlers
+from tests.integration.fleet import due_on
 from tests.integration.processes import ROOT, manage, process_env
 from tests.support import wait_for
 
@@ -99,26 +98,7 @@ def purge() -> None:
 def due_fires(make_schedule, tenant: Tenant, count: int, at, **schedule_fields) -> list[Occurrence]:
     """`count` occurrences of one schedule due at `at`, with their envelopes on this module's strict queue, written
     in two statements (one at a time, 2,400 rows would take longer than the lead before `at`)."""
-    schedule = make_schedule(tenant, name=f"quota-{uuid.uuid4().hex[:8]}", max_lateness_seconds=3600, **schedule_fields)
-    occurrences = Occurrence.objects.bulk_create(
-        [
-            Occurrence(
-                occurrence_id=occurrence_id_for(schedule.id, schedule.version, at + timedelta(microseconds=n)),
-                schedule=schedule,
-                tenant_id=tenant.id,
-                schedule_version=schedule.version,
-                scheduled_for=at + timedelta(microseconds=n),
-                available_at=at,
-                lane=schedule.lane,
-                priority=0,
-                state=OccurrenceState.SCHEDULED,
-            )
-            for n in range(count)
-        ]
-    )
-    with connection.cursor() as cursor:
-        enqueue(cursor, [Fire(o.occurrence_id, o.scheduled_for, tenant.id, STRICT, at, 0) for o in occurrences])
-    return occurrences
+    return due_on(STRICT, make_schedule, tenant, count, at, **schedule_fields)
 
 
 def relays_connected() -> int:
