@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from dispatch.engine.publishing import CrowdRouter, bundles
+from dispatch.engine.publishing import CrowdRouter, bundles, crowd_message_fires
 from dispatch.engine.relay_claims import StagedEnvelope
 from dispatch.outbox import Fire, pack
 from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE, crowd_queue
@@ -306,3 +306,13 @@ def test_a_relay_remembers_a_bounded_number_of_crowded_instants():
     assert router.routes([at(0, STRICT_QUEUE, 1, T0)]) == {0: STRICT_QUEUE}, "the oldest instant was forgotten"
     latest = T0 + timedelta(seconds=CrowdRouter.REMEMBERED + 9)
     assert router.routes([at(0, STRICT_QUEUE, 1, latest)]) == {0: crowd_queue(STRICT_QUEUE)}
+
+
+def test_a_crowd_queues_messages_carry_a_quarter_of_a_lane_messages_fires():
+    """RabbitMQ alternates the queues a worker consumes by message: smaller crowd messages give the lane most fires."""
+    due = [staged(n, STRICT_QUEUE, 20) for n in range(1, 11)]
+    crowd = {envelope.id: crowd_queue(STRICT_QUEUE) for envelope in due}
+    assert crowd_message_fires(250) == 62
+    assert [len(message.envelopes) for message in bundles(due, most_fires=250, routes=crowd)] == [3, 3, 3, 1]
+    assert [len(message.envelopes) for message in bundles(due, most_fires=250)] == [10], "the lane's own: one message"
+    assert crowd_message_fires(3) == 1, "never below one fire"
