@@ -201,6 +201,11 @@ def default_process_name(role: str) -> str:
     return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
+# A materializer batch or relay step handling this many fires (a burst's, a catch-up's) hands the memory it freed back
+# to the system once it is done (return_free_memory); a steady one handles a second's worth or so and leaves it.
+TRIM_AFTER_FIRES = 5_000
+
+
 def return_free_memory() -> bool:
     """Hand the C allocator's free pages back to the system (glibc's malloc_trim); False where there is no glibc.
 

@@ -48,9 +48,6 @@ ROLE = "materializer"
 # schedules past the bound keep their cursors (their row locks end at commit) and the next batches take them. A
 # constant, not a setting: it bounds memory and transaction length, not a policy anyone tunes.
 MAX_FIRES_PER_BATCH = 20_000
-# A batch planning this many fires (a burst's, a catch-up's) has the materializer hand its free memory back once the
-# drain ends; a steady batch plans a second's worth or so and leaves it.
-TRIM_AFTER_FIRES = 5_000
 
 # The scan's row (SCAN_DUE_SCHEDULES): DueSchedule's fields, then the cursor's shard, its row address and the schedule
 # id's text.
@@ -258,7 +255,7 @@ class Materializer:
             self._advance_cursors(cursor, plans, [row[ROW_ADDRESS_COLUMN] for row in rows[: len(plans)]])
         crash_point("materializer.after_commit")
         planned = sum(len(p.occurrences) for p in plans)
-        self._trim_due = self._trim_due or planned >= TRIM_AFTER_FIRES
+        self._trim_due = self._trim_due or planned >= loop.TRIM_AFTER_FIRES
         written = planned if new_ids is None else len(new_ids)
         new = (o for p in plans for o in p.occurrences if new_ids is None or o.occurrence_id in new_ids)
         missed = sum(1 for o in new if o.state == MISSED)

@@ -30,7 +30,7 @@ from django.conf import settings
 
 from core.clock import DB_NOW
 from dispatch import counters
-from dispatch.engine import relay_claims
+from dispatch.engine import loop, relay_claims
 from dispatch.engine.faults import crash_point
 from dispatch.engine.loop import Outage, StopFlag, default_process_name, run_loop_async
 from dispatch.engine.publishing import (
@@ -192,7 +192,10 @@ class Relay:
         Raises PublishFailed when envelopes were due and none could be published for the broker's sake (down,
         blocked, every publish timed out), so the loop backs off instead of spinning on a dead channel.
         """
+        published_before = self.stats.published_occurrences
         done = await self.publish_due()
+        if self.stats.published_occurrences - published_before >= loop.TRIM_AFTER_FIRES:
+            loop.return_free_memory()  # a burst's staged bodies are out: their pages go back (dispatch/engine/loop.py)
         # A full batch means a burst: more is due at once, and the settler holds back while it is released.
         if done >= self.batch_size:
             self.settler.quiet.clear()

@@ -12,7 +12,6 @@ import pytest
 from django.db import connection, connections
 
 from dispatch.engine import loop
-from dispatch.engine import materializer as materializer_module
 from dispatch.engine.materializer import Materializer
 from dispatch.models import Occurrence, OutboxMessage, ProcessHeartbeat, ShardLease
 from dispatch.outbox import Fire, enqueue
@@ -231,7 +230,7 @@ def test_the_memory_of_a_bursts_batches_goes_back_once_the_drain_ends(tenant_a, 
     drained, once; steady batches below the bound leave them (each batch plans a second's worth or so)."""
     trims: list[bool] = []
     monkeypatch.setattr(loop, "return_free_memory", lambda: trims.append(True) or True)
-    monkeypatch.setattr(materializer_module, "TRIM_AFTER_FIRES", 6)  # two schedules x three fires in the horizon
+    monkeypatch.setattr(loop, "TRIM_AFTER_FIRES", 6)  # two schedules x three fires in the horizon
     for n in range(3):
         make_schedule(tenant_a.tenant, name=f"due-{n}", now=T0 - timedelta(seconds=30))
     m = materializer(batch_size=2, clock=lambda: T0)

@@ -10,6 +10,7 @@ import pytest
 from django.db import connection, connections
 
 from core.clock import db_now
+from dispatch.engine import loop
 from dispatch.engine.relay import Relay
 from dispatch.models import Occurrence, OutboxMessage
 from dispatch.outbox import Fire, enqueue
@@ -81,3 +82,35 @@ def test_a_staged_envelope_whose_occurrences_were_withdrawn_is_dropped_unpublish
     delivered = [m["occurrences"][0] for m in drain_queue(STRICT_QUEUE)]
     assert delivered == [str(kept.occurrence_id)]
     assert Occurrence.objects.get(pk=doomed.pk).state == "canceled"
+
+
+def test_a_step_that_published_a_bursts_fires_hands_their_memory_back_and_a_steady_one_keeps_it(
+    tenant_a, staged_fire, monkeypatch
+):
+    """A burst's staged bodies are freed once published, but the allocator keeps their pages unless told."""
+    trims: list[bool] = []
+    monkeypatch.setattr(loop, "return_free_memory", lambda: trims.append(True) or True)
+    monkeypatch.setattr(loop, "TRIM_AFTER_FIRES", 2)
+    drain_queue(STRICT_QUEUE)
+
+    def step_with(fires: int) -> Relay:
+        at = db_now()
+        for n in range(fires):
+            staged_fire(tenant_a.tenant, f"due-{fires}-{n}", at=at)
+        relay = Relay(f"trim-test-{fires}")
+
+        async def once() -> None:
+            await relay.connect()
+            try:
+                await relay.step()
+            finally:
+                await relay.close()
+
+        asyncio.run(once())
+        return relay
+
+    assert step_with(2).stats.published_occurrences == 2
+    assert trims == [True], "two fires at the bound: trimmed once"
+    assert step_with(1).stats.published_occurrences == 1
+    assert trims == [True], "one fire: the steady step keeps its pages"
+    drain_queue(STRICT_QUEUE)
