@@ -99,6 +99,8 @@ def test_relay_killed_mid_batch_loses_nothing_and_duplicates_only_under_the_same
     relay = relay_process(batch=50)
     try:
         wait_for(lambda: OutboxMessage.objects.filter(published_at__isnull=False).exists(), 30, "first publishes")
+        # manage.py ran the relay again on the C allocator, in the same process: the kill below reaches it.
+        assert b"PYTHONMALLOC=malloc\0" in Path(f"/proc/{relay.pid}/environ").read_bytes()
         relay.send_signal(signal.SIGKILL)
         relay.wait(timeout=10)
     finally:
