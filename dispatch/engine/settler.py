@@ -17,6 +17,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import psycopg
@@ -51,11 +52,15 @@ SETTLE_AFTER_SECONDS = 1.0
 # burst that lasts minutes is still settled as it goes.
 SETTLE_MAX_DEFER_SECONDS = 1.0
 # The classes of SETTLE_PUBLISHED (dispatch/sql/outbox.py): an envelope of at most this many fires is small (a steady
-# second's), a bigger one is a burst's. Each class has a batch of its own, sized by the statement's duration, so a
-# burst's envelopes never hold the steady ones back, and the steady ones never ration the burst's: with the big class
-# tied to a sixteenth of the small batch (at most 31 a statement), a 100,000-fire burst's ~5,000 envelopes took 8 s to
-# settle while each statement lasted 30-50 ms (steady bench: settle lag p99 5.7 s, all of it the burst's envelopes).
+# second's), a bigger one is a burst's. Each class is settled by statements of its own, each with a batch sized by its
+# own statements' duration, so a burst's envelopes never hold the steady ones back, and the steady ones never ration
+# the burst's. Tied to a sixteenth of the small batch (at most 31 a statement), a 100,000-fire burst's ~5,000 envelopes
+# took 8 s to settle (steady bench: settle lag p99 5.7 s). Sharing a statement with them, the small batch was halved
+# with every slow statement the burst's row writes made: ~10 steady envelopes a statement while ~1,000 a second were
+# stamped, so the steady ones stamped during a burst waited up to 8-12 s (settle lag p99 7.3-8.4 s in 12-minute runs).
 SETTLE_SMALL_FIRES = 16
+# With no big envelope found, the next look for one waits this long: the look reads every stamped envelope old enough.
+BIG_LOOK_SECONDS = 1.0
 
 
 def settle_params(limit: int, big_limit: int, min_age: float) -> dict[str, Any]:
@@ -80,18 +85,6 @@ def next_batch_size(current: int, *, settled: int, seconds: float, most: int) ->
     return min(most, current)
 
 
-def next_batch_sizes(
-    current: tuple[int, int], *, settled: tuple[int, int], seconds: float, most: int
-) -> tuple[int, int]:
-    """The next (small, big) batches after a statement that settled `settled` of `current` in `seconds`: each class
-    grows while it comes back full from quick statements, and both shrink after a slow one (either class's rows may
-    have made it slow: a burst's envelopes of up to SETTLE_SMALL_FIRES fires are small ones)."""
-    return (
-        next_batch_size(current[0], settled=settled[0], seconds=seconds, most=most),
-        next_batch_size(current[1], settled=settled[1], seconds=seconds, most=most),
-    )
-
-
 class SettleStats(Protocol):
     settled_envelopes: int
 
@@ -109,8 +102,9 @@ class Settler:
         self.conninfo = conninfo
         self.most = most
         self.batch = min(SETTLE_FIRST_BATCH, most)
-        # Big envelopes (a burst's) per statement: one until a burst shows up, then sized like the small batch.
+        # Big envelopes (a burst's) per statement: one until a burst shows up, then sized by its own statements.
         self.big_batch = 1
+        self._next_big_look = 0.0
         self.stats = stats
         self.more_waiting = False
         self.stamped = asyncio.Event()
@@ -143,26 +137,40 @@ class Settler:
         self.stamped.set()
 
     async def settle(self, *, min_age: float = SETTLE_AFTER_SECONDS) -> int:
-        """One settle statement of the current batch size, of envelopes stamped at least `min_age` seconds ago;
-        returns the envelopes it settled.
+        """A statement of small envelopes, then one of big ones (when any may be waiting), each of its class's batch
+        size and stamped at least `min_age` seconds ago; returns the envelopes settled.
 
         A connection found dead at its first use (PostgreSQL restarted while the settler waited) is opened again
         and the statement tried once more before it counts as a failure: the outage was the publisher's to report.
         """
+        small_batch, big_batch = self.batch, self.big_batch
+        small = await self._retried(lambda: self._settle_once(big=False, min_age=min_age))
+        big = 0
+        if time.monotonic() >= self._next_big_look:
+            big = await self._retried(lambda: self._settle_once(big=True, min_age=min_age))
+            if not big:
+                self._next_big_look = time.monotonic() + BIG_LOOK_SECONDS
+        # A full class means more may be waiting: the run loop goes on at once.
+        self.more_waiting = small >= small_batch or big >= big_batch
+        return small + big
+
+    async def _retried(self, statement: Callable[[], Awaitable[int]]) -> int:
         try:
-            return await self._settle_once(min_age)
+            return await statement()
         except psycopg.OperationalError:
             if self._db is None or not self._db.broken:
                 raise
             await self.close()
-            return await self._settle_once(min_age)
+            return await statement()
 
-    async def _settle_once(self, min_age: float) -> int:
+    async def _settle_once(self, *, big: bool, min_age: float) -> int:
+        """One statement of one class; its batch is sized again by how long the statement took."""
         db = await self.connect()
+        batch = self.big_batch if big else self.batch
         started = time.monotonic()
         # Never prepared: its generic plan (no batch size, no row counts) joins whole day partitions, 2 to 10 times
         # slower than the plan made for each batch; planning it costs a few milliseconds.
-        params = settle_params(self.batch, self.big_batch, min_age)
+        params = settle_params(0, batch, min_age) if big else settle_params(batch, 0, min_age)
         cursor = await db.execute(outbox_sql.SETTLE_PUBLISHED, params, prepare=False)
         row = await cursor.fetchone()
         seconds = time.monotonic() - started
@@ -170,22 +178,25 @@ class Settler:
         for lag in settle_lags:
             counters.SETTLE_LAG.observe(max(0.0, float(lag)))
         settled = len(settle_lags)
-        big = row[2] if row is not None else 0
-        small = settled - big
         self.stats.settled_envelopes += settled
-        # A full class means more may be waiting: the run loop goes on at once.
-        self.more_waiting = small >= self.batch or big >= self.big_batch
-        self.batch, self.big_batch = next_batch_sizes(
-            (self.batch, self.big_batch), settled=(small, big), seconds=seconds, most=self.most
-        )
+        resized = next_batch_size(batch, settled=settled, seconds=seconds, most=self.most)
+        if big:
+            self.big_batch = resized
+        else:
+            self.batch = resized
         if settled:
-            logger.debug("settled %d envelopes (%d big) in %.3f s", settled, big, seconds, extra={"action": "settle"})
+            kind = "big" if big else "small"
+            logger.debug("settled %d %s envelopes in %.3f s", settled, kind, seconds, extra={"action": "settle"})
         return settled
 
     async def settle_all(self) -> int:
         """Settle until nothing is left (`relay --once`, and a stopping relay's last pass)."""
         total = 0
-        while settled := await self.settle(min_age=0.0):
+        while True:
+            self._next_big_look = 0.0  # every class, every time: nothing may be left
+            settled = await self.settle(min_age=0.0)
+            if not settled:
+                break
             total += settled
         return total
 

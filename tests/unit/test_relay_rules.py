@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from dispatch.engine.publishing import QueueRefusals
-from dispatch.engine.settler import SETTLE_TARGET_SECONDS, next_batch_size, next_batch_sizes
+from dispatch.engine.settler import SETTLE_TARGET_SECONDS, next_batch_size
 
 
 def test_a_full_batch_that_was_quick_doubles_up_to_the_bound():
@@ -29,19 +29,6 @@ def test_a_slow_statement_halves_the_batch_but_never_below_one():
 
 def test_a_statement_near_the_target_keeps_its_size():
     assert next_batch_size(40, settled=40, seconds=SETTLE_TARGET_SECONDS, most=500) == 40
-
-
-def test_a_bursts_envelopes_get_a_batch_of_their_own_that_grows_beside_the_steady_one():
-    quick = SETTLE_TARGET_SECONDS / 4
-    assert next_batch_sizes((500, 1), settled=(500, 1), seconds=quick, most=500) == (500, 2)
-    assert next_batch_sizes((500, 248), settled=(3, 248), seconds=quick, most=500) == (500, 496)
-    assert next_batch_sizes((20, 1), settled=(20, 0), seconds=quick, most=500) == (40, 1)
-
-
-def test_a_slow_statement_shrinks_both_batches():
-    slow = SETTLE_TARGET_SECONDS * 3
-    assert next_batch_sizes((500, 64), settled=(500, 64), seconds=slow, most=500) == (250, 32)
-    assert next_batch_sizes((500, 1), settled=(3, 0), seconds=slow, most=500) == (250, 1)
 
 
 def test_refusals_are_logged_once_per_queue_until_it_accepts_again(caplog):

@@ -1,0 +1,79 @@
+"""The settler's two classes: each in statements of its own, each batch sized by its own statements' duration."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from dispatch.engine import settler as settler_module
+from dispatch.engine.settler import SETTLE_TARGET_SECONDS, Settler
+
+
+@dataclass
+class Stats:
+    settled_envelopes: int = 0
+
+
+@dataclass
+class Statements:
+    """Stands in for the settle statement: settles all it is asked for (`waiting` per class) and takes `seconds`."""
+
+    waiting: dict[str, int]
+    seconds: dict[str, float]
+    calls: list[tuple[int, int]] = field(default_factory=list)
+    clock: list[float] = field(default_factory=lambda: [0.0])
+
+    async def execute(self, _sql: str, params: dict[str, Any], prepare: bool = False) -> Statements:
+        self.calls.append((params["limit"], params["big_limit"]))
+        kind = "big" if params["big_limit"] else "small"
+        self.settled = min(params["big_limit"] or params["limit"], self.waiting[kind])
+        self.waiting[kind] -= self.settled
+        self.clock[0] += self.seconds[kind]
+        return self
+
+    async def fetchone(self) -> tuple[int, list[float], int]:
+        return (0, [1.0] * self.settled, 0)
+
+
+def settler_on(statements: Statements, monkeypatch, *, batch: int, big_batch: int) -> Settler:
+    monkeypatch.setattr(settler_module.time, "monotonic", lambda: statements.clock[0])
+    settler = Settler("relay-test", "", most=500, stats=Stats())
+    settler.batch, settler.big_batch = batch, big_batch
+
+    async def connect() -> Statements:
+        return statements
+
+    settler.connect = connect  # type: ignore[method-assign]
+    return settler
+
+
+def test_a_slow_statement_of_a_bursts_envelopes_halves_its_own_batch_and_not_the_steady_one(monkeypatch):
+    slow, quick = SETTLE_TARGET_SECONDS * 3, SETTLE_TARGET_SECONDS / 4
+    statements = Statements(waiting={"small": 1000, "big": 1000}, seconds={"small": quick, "big": slow})
+    settler = settler_on(statements, monkeypatch, batch=40, big_batch=64)
+    assert asyncio.run(settler.settle()) == 40 + 64
+    assert statements.calls == [(40, 0), (0, 64)], "one statement per class, never both in one"
+    assert (settler.batch, settler.big_batch) == (80, 32), "the steady batch grows while the burst's is halved"
+    assert settler.more_waiting
+
+
+def test_with_no_big_envelope_found_the_next_look_for_one_waits(monkeypatch):
+    statements = Statements(waiting={"small": 1000, "big": 0}, seconds={"small": 0.001, "big": 0.001})
+    settler = settler_on(statements, monkeypatch, batch=10, big_batch=1)
+    asyncio.run(settler.settle())
+    asyncio.run(settler.settle())
+    assert statements.calls == [(10, 0), (0, 1), (20, 0)], "no second look within BIG_LOOK_SECONDS"
+    statements.clock[0] += settler_module.BIG_LOOK_SECONDS
+    statements.waiting["big"] = 5
+    asyncio.run(settler.settle())
+    assert statements.calls[-1] == (0, 1), "and once it passed, the burst's envelopes are found"
+
+
+def test_a_stopping_relay_settles_every_class_to_the_end(monkeypatch):
+    statements = Statements(waiting={"small": 3, "big": 0}, seconds={"small": 0.001, "big": 0.001})
+    settler = settler_on(statements, monkeypatch, batch=2, big_batch=1)
+    asyncio.run(settler.settle())  # finds no big one: the next look would wait
+    statements.waiting["big"] = 3
+    assert asyncio.run(settler.settle_all()) == 1 + 3
+    assert statements.waiting == {"small": 0, "big": 0}
