@@ -121,10 +121,10 @@ class CrowdRouter:
     Why: a lane's queue is FIFO. A top-of-hour burst of 100,000 fires is tens of seconds of the workers' time, and the
     fires due alone in the seconds after it used to wait behind all of it (the steady bench: start lag p99 14-15 s
     outside the bursts, docs/BENCHMARKS.md). Workers consume both queues, RabbitMQ hands out the messages of the queues
-    a channel consumes in turn, and a crowd's messages are cut smaller (CROWD_MESSAGE_SHARE), so the lone fires get
-    most of the pool while a crowd drains. A crowd that a relay claims over several steps (SCHEDULER_RELAY_BATCH
-    envelopes each) stays one: its instants are remembered.
-    Each relay counts what it releases, so with several relays a crowd is seen per relay's share of it.
+    a channel consumes in turn, and a lane's messages bundle more fires than a crowd's (LANE_MESSAGE_SHARE), so the
+    lone fires get most of the pool while a crowd drains. A crowd that a relay claims over several steps
+    (SCHEDULER_RELAY_BATCH envelopes each) stays one: its instants are remembered. Each relay counts what it
+    releases, so with several relays a crowd is seen per relay's share of it.
     """
 
     # Crowded (queue, instant) pairs remembered; an instant's late steps come within seconds of its first.
@@ -156,32 +156,36 @@ class CrowdRouter:
         }
 
 
-# A crowd queue's messages carry at most this fraction of a lane message's fires. RabbitMQ hands a worker the messages
-# of the queues it consumes in turn, one message each, so while both queues hold a backlog the lane's share of the
-# fires run is its message size over both: with equal messages, half. Two cores run ~4,000 fires a second while a
-# crowd drains and a steady day needs 2,315 of them for the lane (the steady bench), so at half the lane's backlog grew
-# for the whole drain (fires due in the minute after a 100,000-fire burst started 9-12 s late, docs/BENCHMARKS.md).
-# At a quarter the lane gets four fifths while both are busy and never less than the whole pool once the crowd is
-# gone; the crowd pays with four times the messages (a claim and a completion each), which it has the time for.
-CROWD_MESSAGE_SHARE = 4
+# A lane queue's message bundles up to this many envelopes' worth of fires (SCHEDULER_ENVELOPE_SIZE each); a crowd
+# queue's message carries one envelope's worth. RabbitMQ hands a worker the messages of the queues it consumes in
+# turn, one message each, so while both queues hold a backlog the lane's share of the fires run is its message size
+# over both. Two cores run ~4,000 fires a second while a crowd drains and a steady day needs 2,315 of them for the
+# lane (the steady bench); with equal messages the lane got half, its backlog grew for the whole drain, and the fires
+# due in the minute after a 100,000-fire burst started 9-12 s late (docs/BENCHMARKS.md). At four to one the lane gets
+# four fifths while both are busy, and all of the pool once the crowd is gone. Cutting the crowd's messages to a
+# quarter instead gave the same share but four times the publishes at the burst's instant (its enqueue lag p99 went
+# from 0.9 to 2.0 s); bundling the lane's small envelopes four times as far costs nothing at the instant and fewer
+# tasks a second (a steady second's 2,315 fires are three messages).
+LANE_MESSAGE_SHARE = 4
 
 
-def crowd_message_fires(most_fires: int) -> int:
-    """The most fires one crowd queue message carries when lane messages carry `most_fires`."""
-    return max(1, most_fires // CROWD_MESSAGE_SHARE)
+def message_fires(most_fires: int, *, crowd: bool) -> int:
+    """The most fires one message carries when an envelope holds up to `most_fires`: a lane message bundles
+    LANE_MESSAGE_SHARE envelopes' worth, a crowd message one."""
+    return most_fires if crowd else most_fires * LANE_MESSAGE_SHARE
 
 
 def bundles(envelopes: list[StagedEnvelope], most_fires: int, routes: Mapping[int, str] | None = None) -> list[Message]:
     """Cut envelopes due at one instant (in release order) into messages: consecutive envelopes routed to one queue
-    (`routes`, by envelope id; their own queue when absent) share a message while their fires fit in `most_fires`
-    (a crowd queue's in crowd_message_fires of it); an envelope that fills it alone goes alone. Release order is
-    kept: strict before flexible, tenants interleaved as the fair-queueing tags put them."""
+    (`routes`, by envelope id; their own queue when absent) share a message while their fires fit in message_fires
+    (`most_fires` is an envelope's most); an envelope that fills it alone goes alone. Release order is kept: strict
+    before flexible, tenants interleaved as the fair-queueing tags put them."""
     cut: list[Message] = []
     fires = 0
     for envelope in envelopes:
         queue = routes.get(envelope.id, envelope.queue) if routes else envelope.queue
         crowded = queue != envelope.queue  # routed away from its lane's queue: to the crowd queue
-        limit = crowd_message_fires(most_fires) if crowded else most_fires
+        limit = message_fires(most_fires, crowd=crowded)
         current = cut[-1] if cut else None
         if current is not None and current.routing_key == queue and fires + envelope.fires <= limit:
             current.envelopes.append(envelope)

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from dispatch.engine.publishing import CrowdRouter, bundles, crowd_message_fires
+from dispatch.engine.publishing import CrowdRouter, bundles, message_fires
 from dispatch.engine.relay_claims import StagedEnvelope
 from dispatch.outbox import Fire, pack
 from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE, crowd_queue
@@ -250,12 +250,12 @@ def staged(envelope_id: int, queue: str, fires: int) -> StagedEnvelope:
     return StagedEnvelope(envelope_id, queue, 0, b"", fires, T0, envelope_id, (0, 0.0))
 
 
-def test_envelopes_due_together_share_messages_of_one_queue_up_to_the_fires_of_an_envelope_in_release_order():
-    due = [staged(1, STRICT_QUEUE, 2), staged(2, STRICT_QUEUE, 3), staged(3, STRICT_QUEUE, 250)]
+def test_envelopes_due_together_share_messages_of_one_queue_up_to_four_envelopes_fires_in_release_order():
+    due = [staged(1, STRICT_QUEUE, 2), staged(2, STRICT_QUEUE, 3), staged(3, STRICT_QUEUE, 995)]
     due += [staged(4, STRICT_QUEUE, 1), staged(5, FLEXIBLE_QUEUE, 1), staged(6, FLEXIBLE_QUEUE, 1)]
     cut = bundles(due, most_fires=250)
-    assert [[e.id for e in message.envelopes] for message in cut] == [[1, 2], [3], [4], [5, 6]]
-    assert [message.routing_key for message in cut] == [STRICT_QUEUE] * 3 + [FLEXIBLE_QUEUE]
+    assert [[e.id for e in message.envelopes] for message in cut] == [[1, 2, 3], [4], [5, 6]]
+    assert [message.routing_key for message in cut] == [STRICT_QUEUE] * 2 + [FLEXIBLE_QUEUE]
     assert all({e.queue for e in message.envelopes} == {message.routing_key} for message in cut)
     assert bundles(due, most_fires=1)[0].envelopes == [due[0]], "an envelope bigger than the bound still goes, alone"
 
@@ -308,11 +308,10 @@ def test_a_relay_remembers_a_bounded_number_of_crowded_instants():
     assert router.routes([at(0, STRICT_QUEUE, 1, latest)]) == {0: crowd_queue(STRICT_QUEUE)}
 
 
-def test_a_crowd_queues_messages_carry_a_quarter_of_a_lane_messages_fires():
-    """RabbitMQ alternates the queues a worker consumes by message: smaller crowd messages give the lane most fires."""
-    due = [staged(n, STRICT_QUEUE, 20) for n in range(1, 11)]
+def test_a_lane_message_bundles_four_envelopes_worth_of_fires_and_a_crowd_queues_message_one():
+    """RabbitMQ alternates the queues a worker consumes by message: bigger lane messages give the lane most fires."""
+    due = [staged(n, STRICT_QUEUE, 100) for n in range(1, 11)]
     crowd = {envelope.id: crowd_queue(STRICT_QUEUE) for envelope in due}
-    assert crowd_message_fires(250) == 62
-    assert [len(message.envelopes) for message in bundles(due, most_fires=250, routes=crowd)] == [3, 3, 3, 1]
-    assert [len(message.envelopes) for message in bundles(due, most_fires=250)] == [10], "the lane's own: one message"
-    assert crowd_message_fires(3) == 1, "never below one fire"
+    assert (message_fires(250, crowd=False), message_fires(250, crowd=True)) == (1000, 250)
+    assert [len(message.envelopes) for message in bundles(due, most_fires=250)] == [10]
+    assert [len(message.envelopes) for message in bundles(due, most_fires=250, routes=crowd)] == [2, 2, 2, 2, 2]
