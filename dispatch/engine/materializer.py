@@ -205,7 +205,7 @@ class Materializer:
         self._draining = more_due
         if not more_due and self._trim_due:
             self._trim_due = False
-            loop.return_free_memory()  # a burst is written: its memory goes back (dispatch/engine/loop.py)
+            self._give_back_memory()
         return more_due
 
     def _helper_step(self) -> bool:
@@ -216,7 +216,17 @@ class Materializer:
         more_due = self._write_batch(self.clock()).more_due
         if not more_due:
             self._draining = False
+            self._give_back_memory()
         return more_due
+
+    @staticmethod
+    def _give_back_memory() -> None:
+        """A burst is written: this thread's share of its memory goes back (docs/DESIGN.md "Memory after a burst").
+        libpq keeps a connection's buffers at the largest result and COPY it carried (a 20,000-schedule batch's), so
+        the thread's connection is closed first (its next batch opens a fresh one), then the allocator's free pages
+        are handed back."""
+        connection.close()
+        loop.return_free_memory()
 
     def _write_batch(self, now: datetime) -> BatchWritten:
         leases = dict(self.leases)  # one consistent view: the lease upkeep may replace them meanwhile

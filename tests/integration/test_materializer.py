@@ -205,6 +205,7 @@ def test_a_full_envelope_is_stored_compressed_with_lz4_where_the_server_offers_i
         assert cursor.fetchone() == ("lz4", "lz4")
 
 
+@pytest.mark.django_db(transaction=True)  # the drain's end closes the thread's connection
 def test_the_process_loop_scans_again_at_once_only_while_batches_come_back_full(tenant_a, make_schedule):
     """Under steady load a scan short of its limit found everything due: the main thread naps, and the helper threads
     write batches only while the main thread's come back full (a burst), instead of three threads scanning every
@@ -225,6 +226,7 @@ def test_the_process_loop_scans_again_at_once_only_while_batches_come_back_full(
     assert Occurrence.objects.filter(schedule=late).exists()
 
 
+@pytest.mark.django_db(transaction=True)  # the drain's end closes the thread's connection
 def test_the_memory_of_a_bursts_batches_goes_back_once_the_drain_ends(tenant_a, make_schedule, monkeypatch):
     """A batch of many fires (a burst) has the main thread hand the allocator's free pages back once the due set is
     drained, once; steady batches below the bound leave them (each batch plans a second's worth or so)."""
@@ -236,8 +238,10 @@ def test_the_memory_of_a_bursts_batches_goes_back_once_the_drain_ends(tenant_a, 
     m = materializer(batch_size=2, clock=lambda: T0)
     assert m._drain_step() is True, "a full batch of six fires: more is due"
     assert trims == [], "not while the drain goes on"
+    assert connection.connection is not None
     assert m._drain_step() is False
     assert trims == [True], "the drain ended after a batch at the bound"
+    assert connection.connection is None, "libpq's buffers, grown by the burst's batches, went with the connection"
     make_schedule(tenant_a.tenant, name="steady", now=T0 - timedelta(seconds=30))
     assert m._drain_step() is False
     assert trims == [True], "three fires: a steady batch keeps its memory"
