@@ -50,11 +50,28 @@ def settler_on(statements: Statements, monkeypatch, *, batch: int, big_batch: in
 
 def test_a_slow_statement_of_a_bursts_envelopes_halves_its_own_batch_and_not_the_steady_one(monkeypatch):
     slow, quick = SETTLE_TARGET_SECONDS * 3, SETTLE_TARGET_SECONDS / 4
-    statements = Statements(waiting={"small": 1000, "big": 1000}, seconds={"small": quick, "big": slow})
+    statements = Statements(waiting={"small": 40, "big": 1000}, seconds={"small": quick, "big": slow})
     settler = settler_on(statements, monkeypatch, batch=40, big_batch=64)
     assert asyncio.run(settler.settle()) == 40 + 64
-    assert statements.calls == [(40, 0), (0, 64)], "one statement per class, never both in one"
-    assert (settler.batch, settler.big_batch) == (80, 32), "the steady batch grows while the burst's is halved"
+    assert statements.calls == [(40, 0), (80, 0), (0, 64)], "one statement per class, never both in one"
+    assert (settler.batch, settler.big_batch) == (80, 32), "the steady batch grew while the burst's is halved"
+    assert settler.more_waiting
+
+
+def test_the_steady_envelopes_are_settled_to_the_end_of_their_backlog_before_a_bursts_statement(monkeypatch):
+    statements = Statements(waiting={"small": 100, "big": 1000}, seconds={"small": 0.01, "big": 0.01})
+    settler = settler_on(statements, monkeypatch, batch=20, big_batch=8)
+    assert asyncio.run(settler.settle()) == 100 + 8
+    assert statements.calls == [(20, 0), (40, 0), (80, 0), (0, 8)], "the third small one came back short: then big"
+
+
+def test_the_steady_envelopes_turn_ends_after_a_second_so_a_burst_still_settles(monkeypatch):
+    turn = settler_module.SMALL_TURN_SECONDS
+    statements = Statements(waiting={"small": 10_000, "big": 1000}, seconds={"small": turn / 2.5, "big": 0.01})
+    settler = settler_on(statements, monkeypatch, batch=100, big_batch=8)
+    asyncio.run(settler.settle())
+    assert [call for call in statements.calls if call[1]] == [(0, 8)]
+    assert len(statements.calls) == 3 + 1, "three full small statements fill the turn, then the burst's"
     assert settler.more_waiting
 
 
@@ -63,7 +80,7 @@ def test_with_no_big_envelope_found_the_next_look_for_one_waits(monkeypatch):
     settler = settler_on(statements, monkeypatch, batch=10, big_batch=1)
     asyncio.run(settler.settle())
     asyncio.run(settler.settle())
-    assert statements.calls == [(10, 0), (0, 1), (20, 0)], "no second look within BIG_LOOK_SECONDS"
+    assert [call for call in statements.calls if call[1]] == [(0, 1)], "no second look within BIG_LOOK_SECONDS"
     statements.clock[0] += settler_module.BIG_LOOK_SECONDS
     statements.waiting["big"] = 5
     asyncio.run(settler.settle())
@@ -73,7 +90,7 @@ def test_with_no_big_envelope_found_the_next_look_for_one_waits(monkeypatch):
 def test_a_stopping_relay_settles_every_class_to_the_end(monkeypatch):
     statements = Statements(waiting={"small": 3, "big": 0}, seconds={"small": 0.001, "big": 0.001})
     settler = settler_on(statements, monkeypatch, batch=2, big_batch=1)
-    asyncio.run(settler.settle())  # finds no big one: the next look would wait
+    assert asyncio.run(settler.settle()) == 3  # every small one; no big one found: the next look would wait
     statements.waiting["big"] = 3
-    assert asyncio.run(settler.settle_all()) == 1 + 3
+    assert asyncio.run(settler.settle_all()) == 3
     assert statements.waiting == {"small": 0, "big": 0}
