@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import shared_task
 from celery.exceptions import InvalidTaskError, Reject
-from celery.signals import task_rejected, task_unknown, worker_process_shutdown, worker_shutdown
+from celery.signals import task_rejected, task_unknown, worker_init, worker_process_shutdown, worker_shutdown
 from celery.worker.strategy import default as default_strategy
 from django.conf import settings
 
@@ -160,6 +160,13 @@ def shutdown() -> None:
         runner.close()
     stop_lease_renewer()
     counters.stop_flushing()
+
+
+@worker_init.connect
+def _lower_cpu_priority(**_: Any) -> None:
+    """Before the pool starts, so every pool process inherits it (SCHEDULER_WORKER_NICENESS)."""
+    if settings.SCHEDULER_WORKER_NICENESS:
+        os.nice(settings.SCHEDULER_WORKER_NICENESS)
 
 
 @worker_process_shutdown.connect

@@ -360,6 +360,11 @@ if SCHEDULER_RELAY_LEASE_SECONDS <= SCHEDULER_RELAY_STAGE_SECONDS + SCHEDULER_RE
     )
 
 # --- Workers ---
+# How much lower a Celery worker's CPU priority is than the engine's (os.nice when the worker starts; its pool
+# processes inherit it). Where workers share a host with a relay or materializer, the handlers must not take the CPU
+# a burst's instant needs (docs/DESIGN.md "The engine before the handlers"). On a host of its own a worker loses
+# nothing. 0 leaves it.
+SCHEDULER_WORKER_NICENESS = env_int("SCHEDULER_WORKER_NICENESS", 5, minimum=0, maximum=19)
 # Occurrences of one envelope run in parallel on this many threads per worker process.
 SCHEDULER_WORKER_THREADS = env_int("SCHEDULER_WORKER_THREADS", 8, minimum=1, maximum=256)
 # The part of those threads one tenant's handlers may hold at once (at least one thread): the rest stay free for

@@ -3,8 +3,10 @@ lane's crowd queue, and a real `celery worker` consuming both queues takes the l
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +31,10 @@ def fleet() -> Iterator[Fleet]:
         yield running
 
 
+def children_of(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
 def finished(occurrences: list[Occurrence]) -> bool:
     ids = [o.occurrence_id for o in occurrences]
     return not Occurrence.objects.filter(occurrence_id__in=ids).exclude(state__in=TERMINAL_STATES).exists()
@@ -40,8 +46,13 @@ def test_a_fire_due_alone_after_a_crowd_starts_in_its_turn_not_after_the_whole_c
 ):
     fleet.relay(SCHEDULER_CROWD_FIRES=str(CROWD_FIRES), SCHEDULER_ENVELOPE_SIZE=str(FIRES_PER_ENVELOPE))
     # One process, one handler at a time, no hand-back: the order the worker takes messages in is all there is.
-    fleet.worker(concurrency=1, SCHEDULER_WORKER_THREADS="1", SCHEDULER_ENVELOPE_SLICE_SECONDS="60")
+    worker = fleet.worker(concurrency=1, SCHEDULER_WORKER_THREADS="1", SCHEDULER_ENVELOPE_SLICE_SECONDS="60")
     fleet.wait_consuming()
+    # The handlers run below the relay's CPU priority, in the worker and its pool process alike.
+    pids = [worker.pid, *children_of(worker.pid)]
+    assert len(pids) == 2, pids
+    for pid in pids:
+        assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0) + 5, pid
     t0 = db_now().replace(microsecond=0) + timedelta(seconds=2)
     crowd = fleet.due(
         make_schedule,
