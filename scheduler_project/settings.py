@@ -290,8 +290,8 @@ AXES_LOCKOUT_CALLABLE = "scheduler_project.lockout.lockout_response"
 # No start-up banner from every manage.py command; lockouts are still logged as warnings.
 AXES_VERBOSE = False
 
-# Occurrences per envelope, the unit the relay confirms and a worker claims in one transaction; a message carries one
-# full envelope, or small ones due together up to four times this many fires (a crowd queue's up to once, docs/DESIGN.md
+# Occurrences per envelope, the unit the relay confirms and a worker claims in one transaction; a message carries
+# envelopes due together up to this many fires, and a lane's small ones up to four times as many (docs/DESIGN.md
 # "Bundles" and "Crowds"). 250
 # (~15 KB) measured best on two cores (docs/BENCHMARKS.md): against 100, 500,000 strict fires reached the broker
 # with p99 1.35 s instead of 3.6 s and workers ran 7,000 occurrences/s instead of 5,400; at 500 the relay gained

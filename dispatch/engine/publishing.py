@@ -156,43 +156,45 @@ class CrowdRouter:
         }
 
 
-# A lane queue's message bundles up to this many envelopes' worth of fires (SCHEDULER_ENVELOPE_SIZE each); a crowd
-# queue's message carries one envelope's worth. RabbitMQ hands a worker the messages of the queues it consumes in
-# turn, one message each, so while both queues hold a backlog the lane's share of the fires run is its message size
-# over both. Two cores run ~4,000 fires a second while a crowd drains and a steady day needs 2,315 of them for the
-# lane (the steady bench); with equal messages the lane got half, its backlog grew for the whole drain, and the fires
-# due in the minute after a 100,000-fire burst started 9-12 s late (docs/BENCHMARKS.md). At four to one the lane gets
-# four fifths while both are busy, and all of the pool once the crowd is gone. Cutting the crowd's messages to a
+# A lane queue's message bundles small envelopes (a steady second's, of a few fires each) up to this many envelopes'
+# worth of fires (SCHEDULER_ENVELOPE_SIZE each); a crowd queue's message carries one envelope's worth (`bundles`).
+# RabbitMQ hands a worker the messages of the queues it consumes in turn, one message each, so while both queues hold
+# a backlog the lane's share of the fires run is its message size over both. Two cores run ~4,000 fires a second
+# while a crowd drains and a steady day needs 2,315 of them for the lane (the steady bench); with equal messages the
+# lane got half, its backlog grew for the whole drain, and the fires due in the minute after a 100,000-fire burst
+# started 9-12 s late (docs/BENCHMARKS.md). At four to one the lane gets four fifths while both are busy, and all of
+# the pool once the crowd is gone. Cutting the crowd's messages to a
 # quarter instead gave the same share but four times the publishes at the burst's instant (its enqueue lag p99 went
 # from 0.9 to 2.0 s); bundling the lane's small envelopes four times as far costs nothing at the instant and fewer
 # tasks a second (a steady second's 2,315 fires are three messages).
 LANE_MESSAGE_SHARE = 4
 
 
-def message_fires(most_fires: int, *, crowd: bool) -> int:
-    """The most fires one message carries when an envelope holds up to `most_fires`: a lane message bundles
-    LANE_MESSAGE_SHARE envelopes' worth, a crowd message one."""
-    return most_fires if crowd else most_fires * LANE_MESSAGE_SHARE
-
-
 def bundles(envelopes: list[StagedEnvelope], most_fires: int, routes: Mapping[int, str] | None = None) -> list[Message]:
     """Cut envelopes due at one instant (in release order) into messages: consecutive envelopes routed to one queue
-    (`routes`, by envelope id; their own queue when absent) share a message while their fires fit in message_fires
-    (`most_fires` is an envelope's most); an envelope that fills it alone goes alone. Release order is kept: strict
-    before flexible, tenants interleaved as the fair-queueing tags put them."""
+    (`routes`, by envelope id; their own queue when absent) share a message while their fires fit in `most_fires`, an
+    envelope's most; an envelope that fills it alone goes alone. Small envelopes of a lane's own queue (a steady
+    second's: at most a LANE_MESSAGE_SHARE-th of `most_fires` each) share a message of up to LANE_MESSAGE_SHARE times
+    that; bigger ones keep messages of one envelope's worth, so a burst below the crowd bound still spreads over as
+    many workers as before. Release order is kept: strict before flexible, tenants interleaved as the fair-queueing
+    tags put them."""
     cut: list[Message] = []
     fires = 0
+    small_only = False  # the current message holds only small envelopes of a lane's own queue
     for envelope in envelopes:
         queue = routes.get(envelope.id, envelope.queue) if routes else envelope.queue
-        crowded = queue != envelope.queue  # routed away from its lane's queue: to the crowd queue
-        limit = message_fires(most_fires, crowd=crowded)
+        # Routed away from its lane's queue (to the crowd queue), an envelope is never a small one.
+        small = queue == envelope.queue and envelope.fires * LANE_MESSAGE_SHARE <= most_fires
+        limit = most_fires * LANE_MESSAGE_SHARE if small and small_only else most_fires
         current = cut[-1] if cut else None
         if current is not None and current.routing_key == queue and fires + envelope.fires <= limit:
             current.envelopes.append(envelope)
             fires += envelope.fires
+            small_only = small_only and small
         else:
             cut.append(Message(queue, [envelope]))
             fires = envelope.fires
+            small_only = small
     return cut
 
 

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from dispatch.engine.publishing import CrowdRouter, bundles, message_fires
+from dispatch.engine.publishing import CrowdRouter, bundles
 from dispatch.engine.relay_claims import StagedEnvelope
 from dispatch.outbox import Fire, pack
 from dispatch.queues import FLEXIBLE_QUEUE, STRICT_QUEUE, crowd_queue
@@ -250,12 +250,12 @@ def staged(envelope_id: int, queue: str, fires: int) -> StagedEnvelope:
     return StagedEnvelope(envelope_id, queue, 0, b"", fires, T0, envelope_id, (0, 0.0))
 
 
-def test_envelopes_due_together_share_messages_of_one_queue_up_to_four_envelopes_fires_in_release_order():
-    due = [staged(1, STRICT_QUEUE, 2), staged(2, STRICT_QUEUE, 3), staged(3, STRICT_QUEUE, 995)]
+def test_envelopes_due_together_share_messages_of_one_queue_up_to_the_fires_of_an_envelope_in_release_order():
+    due = [staged(1, STRICT_QUEUE, 2), staged(2, STRICT_QUEUE, 3), staged(3, STRICT_QUEUE, 250)]
     due += [staged(4, STRICT_QUEUE, 1), staged(5, FLEXIBLE_QUEUE, 1), staged(6, FLEXIBLE_QUEUE, 1)]
     cut = bundles(due, most_fires=250)
-    assert [[e.id for e in message.envelopes] for message in cut] == [[1, 2, 3], [4], [5, 6]]
-    assert [message.routing_key for message in cut] == [STRICT_QUEUE] * 2 + [FLEXIBLE_QUEUE]
+    assert [[e.id for e in message.envelopes] for message in cut] == [[1, 2], [3], [4], [5, 6]]
+    assert [message.routing_key for message in cut] == [STRICT_QUEUE] * 3 + [FLEXIBLE_QUEUE]
     assert all({e.queue for e in message.envelopes} == {message.routing_key} for message in cut)
     assert bundles(due, most_fires=1)[0].envelopes == [due[0]], "an envelope bigger than the bound still goes, alone"
 
@@ -308,10 +308,18 @@ def test_a_relay_remembers_a_bounded_number_of_crowded_instants():
     assert router.routes([at(0, STRICT_QUEUE, 1, latest)]) == {0: crowd_queue(STRICT_QUEUE)}
 
 
-def test_a_lane_message_bundles_four_envelopes_worth_of_fires_and_a_crowd_queues_message_one():
+def test_a_lanes_small_envelopes_share_messages_of_four_envelopes_worth_and_a_crowds_of_one():
     """RabbitMQ alternates the queues a worker consumes by message: bigger lane messages give the lane most fires."""
-    due = [staged(n, STRICT_QUEUE, 100) for n in range(1, 11)]
-    crowd = {envelope.id: crowd_queue(STRICT_QUEUE) for envelope in due}
-    assert (message_fires(250, crowd=False), message_fires(250, crowd=True)) == (1000, 250)
-    assert [len(message.envelopes) for message in bundles(due, most_fires=250)] == [10]
-    assert [len(message.envelopes) for message in bundles(due, most_fires=250, routes=crowd)] == [2, 2, 2, 2, 2]
+    steady = [staged(n, STRICT_QUEUE, 10) for n in range(1, 101)]
+    assert [len(message.envelopes) for message in bundles(steady, most_fires=250)] == [100], "1,000 fires, one message"
+    crowd = {envelope.id: crowd_queue(STRICT_QUEUE) for envelope in steady}
+    assert {len(m.envelopes) for m in bundles(steady, most_fires=250, routes=crowd)} == {25}, "250 fires a message"
+
+
+def test_bigger_envelopes_of_a_lane_keep_messages_of_one_envelopes_worth_to_spread_over_the_workers():
+    """A burst below the crowd bound (envelopes of 100 fires, say) is cut as before: more messages, more workers."""
+    burst = [staged(n, STRICT_QUEUE, 100) for n in range(1, 11)]
+    assert [len(message.envelopes) for message in bundles(burst, most_fires=250)] == [2, 2, 2, 2, 2]
+    mixed = [staged(1, STRICT_QUEUE, 200)] + [staged(n, STRICT_QUEUE, 10) for n in range(2, 9)]
+    cut = [[e.id for e in m.envelopes] for m in bundles(mixed, most_fires=250)]
+    assert cut == [[1, 2, 3, 4, 5, 6], [7, 8]], "a message holding a bigger one stays at one envelope's worth"
