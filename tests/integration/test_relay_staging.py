@@ -36,11 +36,13 @@ def staged_fire(make_schedule, make_occurrence):
     return stage
 
 
-def run_relay_once(relay: Relay) -> None:
+def run_relay_once(relay: Relay, *, whole_step: bool = False) -> None:
+    """One publish pass of the relay (with `whole_step`, its loop's whole step: the pass and what follows it)."""
+
     async def once() -> None:
         await relay.connect()
         try:
-            await relay.publish_due()
+            await (relay.step() if whole_step else relay.publish_due())
         finally:
             await relay.close()
 
@@ -98,15 +100,7 @@ def test_a_step_that_published_a_bursts_fires_hands_their_memory_back_and_a_stea
         for n in range(fires):
             staged_fire(tenant_a.tenant, f"due-{fires}-{n}", at=at)
         relay = Relay(f"trim-test-{fires}")
-
-        async def once() -> None:
-            await relay.connect()
-            try:
-                await relay.step()
-            finally:
-                await relay.close()
-
-        asyncio.run(once())
+        run_relay_once(relay, whole_step=True)
         return relay
 
     assert step_with(2).stats.published_occurrences == 2
