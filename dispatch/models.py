@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
+from django.db.models.lookups import LessThanOrEqual
+
+from dispatch.sql.outbox import SMALL_ENVELOPE_FIRES
 
 
 class OccurrenceState(models.TextChoices):
@@ -124,6 +127,12 @@ class Attempt(models.Model):
         return f"{self.occurrence_id} #{self.generation}"
 
 
+def _small_envelope() -> LessThanOrEqual:
+    """An envelope of the settler's small class (dispatch/sql/outbox.py SMALL_ENVELOPE), as an index condition."""
+    fires = models.Func(models.F("occurrence_ids"), function="cardinality", output_field=models.IntegerField())
+    return LessThanOrEqual(fires, SMALL_ENVELOPE_FIRES)
+
+
 class OutboxMessage(models.Model):
     """One AMQP message waiting to be published: an envelope of up to SCHEDULER_ENVELOPE_SIZE occurrences of one
     tenant, lane, instant and priority, its body serialised when the occurrences were materialized.
@@ -173,9 +182,17 @@ class OutboxMessage(models.Model):
                 name="outbox_due_by_tenant",
                 condition=models.Q(published_at__isnull=True),
             ),
-            # The settler's scan: published envelopes whose stamp is not yet on their occurrences.
+            # The settler's scans: published envelopes whose stamp is not yet on their occurrences, one index per class
+            # of envelope (dispatch/sql/outbox.py SMALL_ENVELOPE: each class's scan walks only its own).
             models.Index(
-                fields=["published_at"], name="outbox_published", condition=models.Q(published_at__isnull=False)
+                fields=["published_at"],
+                name="outbox_published_small",
+                condition=models.Q(published_at__isnull=False) & models.Q(_small_envelope()),
+            ),
+            models.Index(
+                fields=["published_at"],
+                name="outbox_published_big",
+                condition=models.Q(published_at__isnull=False) & ~models.Q(_small_envelope()),
             ),
         ]
 

@@ -51,14 +51,15 @@ SETTLE_AFTER_SECONDS = 1.0
 # burst's publishing comes first (a settle statement beside it cost a 500,000-fire burst 0.4 s of p99), yet a
 # burst that lasts minutes is still settled as it goes.
 SETTLE_MAX_DEFER_SECONDS = 1.0
-# The classes of SETTLE_PUBLISHED (dispatch/sql/outbox.py): an envelope of at most this many fires is small (a steady
-# second's), a bigger one is a burst's. Each class is settled by statements of its own, each with a batch sized by its
-# own statements' duration, so a burst's envelopes never hold the steady ones back, and the steady ones never ration
-# the burst's. Tied to a sixteenth of the small batch (at most 31 a statement), a 100,000-fire burst's ~5,000 envelopes
-# took 8 s to settle (steady bench: settle lag p99 5.7 s). Sharing a statement with them, the small batch was halved
-# with every slow statement the burst's row writes made: ~10 steady envelopes a statement while ~1,000 a second were
-# stamped, so the steady ones stamped during a burst waited up to 8-12 s (settle lag p99 7.3-8.4 s in 12-minute runs).
-SETTLE_SMALL_FIRES = 16
+# The classes of SETTLE_PUBLISHED (dispatch/sql/outbox.py SMALL_ENVELOPE): an envelope of a few fires is small (a
+# steady second's), a bigger one is a burst's. Each class is settled by statements of its own, each with a batch sized
+# by its own statements' duration, so a burst's envelopes never hold the steady ones back, and the steady ones never
+# ration the burst's. Tied to a sixteenth of the small batch (at most 31 a statement), a 100,000-fire burst's ~5,000
+# envelopes took 8 s to settle (steady bench: settle lag p99 5.7 s). Sharing a statement with them, the small batch was
+# halved with every slow statement the burst's row writes made: ~10 steady envelopes a statement while ~1,000 a second
+# were stamped, so the steady ones stamped during a burst waited up to 8-12 s (settle lag p99 7.3-8.4 s in 12-minute
+# runs).
+SETTLE_SMALL_FIRES = outbox_sql.SMALL_ENVELOPE_FIRES
 # The small class's turn ends after this long even if more is waiting: a burst's envelopes get a statement at least
 # this often.
 SMALL_TURN_SECONDS = 1.0
@@ -72,7 +73,6 @@ def settle_params(limit: int, big_limit: int, min_age: float) -> dict[str, Any]:
     return {
         "limit": limit,
         "big_limit": big_limit,
-        "small_fires": SETTLE_SMALL_FIRES,
         "min_age": min_age,
         **LAG_BUCKETS,
     }
@@ -107,8 +107,9 @@ class Settler:
         self.conninfo = conninfo
         self.most = most
         self.batch = min(SETTLE_FIRST_BATCH, most)
-        # Big envelopes (a burst's) per statement: one until a burst shows up, then sized by its own statements.
-        self.big_batch = 1
+        # Big envelopes (a burst's) per statement, sized by their own statements from the first batch on. (From one,
+        # the first burst's took seven turns to reach a useful batch, a turn a second while the steady class was busy.)
+        self.big_batch = self.batch
         self._next_big_look = 0.0
         self.stats = stats
         self.more_waiting = False

@@ -946,6 +946,21 @@ def test_a_bursts_big_envelopes_do_not_hold_back_the_small_ones_stamped_after_th
     assert len(settled) == len(steady) + big_fires
 
 
+@pytest.mark.parametrize(
+    ("limit", "big_limit", "index"), [(20, 0, "outbox_published_small"), (0, 20, "outbox_published_big")]
+)
+def test_each_settle_class_reads_its_own_index_of_stamped_envelopes(db, limit, big_limit, index):
+    """Each class of SETTLE_PUBLISHED names its predicate as its partial index does, so its scan walks only its own
+    envelopes: through one index for both, a small statement fetched every big envelope stamped before its own (a
+    burst's thousands) to test its class, and settled the steady ones ten times slower per envelope for seconds."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # the empty test table would be read whole otherwise
+        cursor.execute("SET LOCAL enable_bitmapscan = off")
+        cursor.execute("EXPLAIN " + outbox_sql.SETTLE_PUBLISHED, settle_params(limit, big_limit, 1.0))
+        plan = "\n".join(line for (line,) in cursor.fetchall())
+    assert f"Index Scan using {index} on dispatch_outboxmessage" in plan
+
+
 def test_a_completion_copies_its_stamped_envelopes_confirmation_and_settling_writes_the_row_no_more(
     tenant_a, make_schedule, add_occurrence
 ):
