@@ -33,6 +33,12 @@ HOT_TABLES = (
 OUTBOX_POLL_SECONDS = 1.0
 OUTBOX_POLL_SHARE = 0.02
 SLOW_POLL_SECONDS = 5.0
+# A thread that only sleeps STALL_TICK_SECONDS at a time and wakes STALL_SECONDS late or more saw the whole host stop
+# (a virtual machine paused, the disk frozen), not the run's own load: on this benchmark's two-core machine every
+# process, vmstat included, once stood still for 14 s, and that minute's lags were the host's, not the product's. Such
+# stalls are reported with the run (`host_stalls`), so a run that had one can be told apart.
+STALL_TICK_SECONDS = 0.2
+STALL_SECONDS = 2.0
 
 
 def tree_rss_mb(pid: int) -> float | None:
@@ -70,6 +76,8 @@ class Readings:
     # role -> [(seconds since the window opened, MiB)]
     rss: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     dead_tuples_max: dict[str, int] = field(default_factory=dict)
+    # [(seconds since the window opened, seconds the host stood still)]
+    host_stalls: list[tuple[float, float]] = field(default_factory=list)
 
 
 class Sampler:
@@ -82,14 +90,27 @@ class Sampler:
         self.readings = Readings()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+        self._stall_watch = threading.Thread(target=self._watch_stalls, name="bench-stall-watch", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+        self._stall_watch.start()
 
     def stop(self) -> Readings:
         self._stop.set()
         self._thread.join(timeout=30)
+        self._stall_watch.join(timeout=30)
         return self.readings
+
+    def _watch_stalls(self) -> None:
+        before = time.monotonic()
+        while not self._stop.wait(STALL_TICK_SECONDS):
+            now = time.monotonic()
+            stood_still = now - before - STALL_TICK_SECONDS
+            if stood_still >= STALL_SECONDS:
+                at = time.time() - stood_still - self.window_start.timestamp()
+                self.readings.host_stalls.append((round(at, 1), round(stood_still, 1)))
+            before = now
 
     def _run(self) -> None:
         next_slow = 0.0

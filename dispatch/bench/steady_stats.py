@@ -164,6 +164,7 @@ def steady_stats(bench: SteadyRun, readings: Readings) -> dict[str, Any]:
         "outbox_after_bursts": _outbox_after_bursts(bench, readings),
         **_memory(readings),
         "dead_tuples_max": readings.dead_tuples_max,
+        "host_stalls": [{"at_s": at, "seconds": seconds} for at, seconds in readings.host_stalls],
         "bytes_per_fire": bytes_per_fire,
         "table_mb": table_mb,
     }
