@@ -100,7 +100,8 @@ def test_relay_killed_mid_batch_loses_nothing_and_duplicates_only_under_the_same
     try:
         wait_for(lambda: OutboxMessage.objects.filter(published_at__isnull=False).exists(), 30, "first publishes")
         # manage.py ran the relay again on the C allocator, in the same process: the kill below reaches it.
-        assert b"PYTHONMALLOC=malloc\0" in Path(f"/proc/{relay.pid}/environ").read_bytes()
+        environ = Path(f"/proc/{relay.pid}/environ").read_bytes()
+        assert b"PYTHONMALLOC=malloc\0" in environ and b"MALLOC_ARENA_MAX=1\0" in environ
         relay.send_signal(signal.SIGKILL)
         relay.wait(timeout=10)
     finally:
