@@ -221,9 +221,13 @@ class ScheduleCursor(models.Model):
 
     class Meta:
         indexes = [
-            # The materializer's scan: due cursors of one shard in time order.
+            # The materializer's scan: due cursors of one shard in time order, and at one instant by tenant, so every
+            # shard hands a batch the same tenants' fires and a burst's tenant is one envelope (dispatch/sql/
+            # materialize.py SCAN_DUE_SCHEDULES).
             models.Index(
-                fields=["shard", "next_run_at"], name="cursor_due_by_shard", condition=Q(next_run_at__isnull=False)
+                fields=["shard", "next_run_at", "tenant_id"],
+                name="cursor_due_by_shard_tenant",
+                condition=Q(next_run_at__isnull=False),
             ),
             # The one-offs whose fire was materialized and may still run: the maintenance pass completes them.
             models.Index(fields=["schedule"], name="cursor_fired_one_off", condition=Q(next_run_at__isnull=True)),

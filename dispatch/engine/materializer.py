@@ -17,6 +17,7 @@ import logging
 import math
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -54,6 +55,25 @@ MAX_FIRES_PER_BATCH = 20_000
 SHARD_COLUMN = -3
 ROW_ADDRESS_COLUMN = -2
 ID_TEXT_COLUMN = -1
+
+
+# A shard's share of a batch is at least this many cursors: with a share of one or two, every row the scan returned
+# would look like a shard cut short (batch_was_full), and a short batch would scan again at once instead of napping.
+MIN_SHARD_SHARE = 16
+
+
+def shard_share(batch_size: int, shards: int) -> int:
+    """Due cursors a batch takes from each leased shard at most: an equal share of the batch (dispatch/sql/
+    materialize.py SCAN_DUE_SCHEDULES)."""
+    return max(MIN_SHARD_SHARE, math.ceil(batch_size / max(1, shards)))
+
+
+def batch_was_full(rows: list[tuple], *, limit: int, per_shard: int) -> bool:
+    """More may be due than the scan returned: it stopped at the batch's limit, or at some shard's share."""
+    if len(rows) >= limit:
+        return True
+    per = Counter(row[SHARD_COLUMN] for row in rows)
+    return any(count >= per_shard for count in per.values())
 
 
 @dataclass(frozen=True)
@@ -237,6 +257,10 @@ class Materializer:
             shards = sorted(leases)
             self._rotation = (self._rotation + 1) % len(shards)
             shards = shards[self._rotation :] + shards[: self._rotation]
+            # A shard's share of the batch: an equal share of every leased shard, so a burst's batch is a run of whole
+            # tenants (dispatch/sql/materialize.py SCAN_DUE_SCHEDULES), and no shard's range fills the batch alone
+            # (15 -> 6 us a schedule at 100,000, with the ordered scan above).
+            per_shard = shard_share(self.batch_size, len(shards))
             cursor.execute(materialize_sql.INDEX_READS_ONLY)
             cursor.execute(
                 materialize_sql.SCAN_DUE_SCHEDULES,
@@ -244,15 +268,13 @@ class Materializer:
                     "shards": shards,
                     "horizon_end": now + self.horizon,
                     "limit": self.batch_size,
-                    # A shard's share of the batch: in a burst no shard's range fills the batch alone, and the scan
-                    # goes round the shards (15 -> 6 us a schedule at 100,000, with the ordered scan above).
-                    "per_shard": max(1, self.batch_size // 8),
+                    "per_shard": per_shard,
                 },
             )
             rows = cursor.fetchall()
             if not rows:
                 return BatchWritten(0, more_due=False)
-            full = len(rows) >= self.batch_size
+            full = batch_was_full(rows, limit=self.batch_size, per_shard=per_shard)
             rows = self._confirm_leases(cursor, rows, leases)
             if not rows:
                 return BatchWritten(0, more_due=full)

@@ -3,8 +3,8 @@
 Each is bounded on a platform of 20 M schedules and 200 M occurrences a day: recent occurrences are read through
 the day partitions of the window (pruned on scheduled_for) and, once a window holds more than a sample's worth,
 through TABLESAMPLE SYSTEM at a percentage the caller computes from the planner's row estimate; schedule cursors
-through the per-shard index cursor_due_by_shard, or a TABLESAMPLE of them when the table is big, grouped by rule so
-Python expands each rule once; the quota and liveness tables are small.
+through the per-shard index cursor_due_by_shard_tenant, or a TABLESAMPLE of them when the table is big, grouped by
+rule so Python expands each rule once; the quota and liveness tables are small.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ GROUP BY 1
 # cursor plus whole periods, so it is grouped by (period, its first fire from now on), that fire truncated to the
 # second (fires whole periods apart keep their minutes): a period has at most min(period, 3600) groups in the
 # hour, each expanded by adding the period. Rows: kind, cron, timezone, every_seconds, first instant, count.
-# {source} is DUE_CURSORS_BY_SHARD (one index range per shard on cursor_due_by_shard) or DUE_CURSORS_SAMPLED.
+# {source} is DUE_CURSORS_BY_SHARD (one index range per shard on cursor_due_by_shard_tenant) or DUE_CURSORS_SAMPLED.
 DUE_CURSOR_GROUPS = """
 SELECT c.kind,
        CASE WHEN c.kind = 'cron' THEN c.cron END,

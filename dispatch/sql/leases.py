@@ -18,7 +18,7 @@ ON CONFLICT (shard) DO NOTHING
 """
 
 # The shard count the data already uses: shards that have lease rows, and the highest shard a pending cursor sits
-# on (a backward scan of cursor_due_by_shard, one index probe). A materializer configured with fewer shards
+# on (a backward scan of cursor_due_by_shard_tenant, one index probe). A materializer configured with fewer shards
 # would leave the schedules of the others unleased: silently never fired.
 SHARDS_IN_USE = """
 SELECT GREATEST(

@@ -85,7 +85,7 @@ ORDER BY COALESCE(b.throttled_fires, 0) + COALESCE(r.throttled_claims, 0) DESC, 
 LIMIT %(limit)s
 """
 
-# Loose index scan: one probe per shard on cursor_due_by_shard instead of a scan of every cursor.
+# Loose index scan: one probe per shard on cursor_due_by_shard_tenant instead of a scan of every cursor.
 METRICS_CURSOR_BEHIND = """
 SELECT coalesce(EXTRACT(EPOCH FROM clock_timestamp() - min(first_due)), 0)
 FROM generate_series(0, %(shards)s - 1) AS s(shard),
