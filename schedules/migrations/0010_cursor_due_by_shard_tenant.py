@@ -1,22 +1,20 @@
 """The materializer's due scan orders one instant's cursors by tenant (dispatch/sql/materialize.py SCAN_DUE_SCHEDULES):
 the index gains tenant_id after next_run_at, so the scan stays an ordered index range per shard with no sort.
 
-Built and dropped CONCURRENTLY: the cursor table is written at every fire, and a plain CREATE INDEX would hold the
-materializer and every schedule change for the whole build (DROP INDEX for its lock queue). The new index comes
-first, so the scan always has one to read.
+The lock waits at most 5 s, like every upkeep statement, and the migration fails (to be run again) rather than queue
+every schedule write behind it. The build holds the cursor table's writers while it runs. Not CONCURRENTLY: a new
+tenant's migrations run in one transaction, and a concurrent build waits for every older transaction without a bound.
 """
 
-from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
 from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    atomic = False
-
     dependencies = [("schedules", "0009_validate_kind_has_time")]
 
     operations = [
-        AddIndexConcurrently(
+        migrations.RunSQL("SET LOCAL lock_timeout = '5s'", migrations.RunSQL.noop),
+        migrations.AddIndex(
             model_name="schedulecursor",
             index=models.Index(
                 condition=models.Q(next_run_at__isnull=False),
@@ -24,5 +22,5 @@ class Migration(migrations.Migration):
                 name="cursor_due_by_shard_tenant",
             ),
         ),
-        RemoveIndexConcurrently(model_name="schedulecursor", name="cursor_due_by_shard"),
+        migrations.RemoveIndex(model_name="schedulecursor", name="cursor_due_by_shard"),
     ]
