@@ -59,7 +59,6 @@ SETTLE_MAX_DEFER_SECONDS = 1.0
 # halved with every slow statement the burst's row writes made: ~10 steady envelopes a statement while ~1,000 a second
 # were stamped, so the steady ones stamped during a burst waited up to 8-12 s (settle lag p99 7.3-8.4 s in 12-minute
 # runs).
-SETTLE_SMALL_FIRES = outbox_sql.SMALL_ENVELOPE_FIRES
 # The small class's turn ends after this long even if more is waiting: a burst's envelopes get a statement at least
 # this often.
 SMALL_TURN_SECONDS = 1.0

@@ -26,7 +26,7 @@ from dispatch.engine.claims import Claim, Drop, EnvelopeClaim, claim_many, try_c
 from dispatch.engine.execution import complete, run_claimed
 from dispatch.engine.leases import LeaseRenewer, reap_expired_leases
 from dispatch.engine.retry import RunResult
-from dispatch.engine.settler import SETTLE_AFTER_SECONDS, SETTLE_SMALL_FIRES, settle_params
+from dispatch.engine.settler import SETTLE_AFTER_SECONDS, settle_params
 from dispatch.identity import utc_key
 from dispatch.models import Attempt, Occurrence, OccurrenceState, OutboxMessage
 from dispatch.outbox import Fire, enqueue
@@ -928,7 +928,7 @@ def test_a_bursts_big_envelopes_do_not_hold_back_the_small_ones_stamped_after_th
     """Settling takes a statement's small envelopes and a few big ones each in stamp order, not all in one line: a
     burst's envelopes, full of fires, were rows to write ahead of every steady envelope stamped after them."""
     schedule = make_schedule(tenant_a.tenant)
-    big_fires = SETTLE_SMALL_FIRES + 1
+    big_fires = outbox_sql.SMALL_ENVELOPE_FIRES + 1
     burst = [add_occurrence(schedule, minute=n, state=OccurrenceState.SCHEDULED) for n in range(2 * big_fires)]
     steady = [add_occurrence(schedule, minute=100 + n, state=OccurrenceState.SCHEDULED) for n in range(3)]
     with connection.cursor() as cursor:
