@@ -129,7 +129,9 @@ def run_loop(
             continue
         if once:
             return
-        stop.sleep(idle_seconds() if callable(idle_seconds) else idle_seconds)
+        nap = idle_seconds() if callable(idle_seconds) else idle_seconds
+        IDLE_TRIM.before_nap(nap)
+        stop.sleep(nap)
 
 
 # An async nap wakes this often to see the stop flag (and to run its tick): SIGTERM ends even a long backoff at once.
@@ -177,6 +179,7 @@ async def run_loop_async(
             continue
         if once:
             return True
+        IDLE_TRIM.before_nap(idle)
         await nap_async(stop, idle)
     return False
 
@@ -218,3 +221,44 @@ def return_free_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return True
+
+
+# Between bursts the free pages are handed back now and then too, at an idle step's nap long enough to hold the trim.
+TRIM_EVERY_SECONDS = 60.0
+TRIM_NAP_AT_LEAST = 0.1
+
+
+class IdleTrim:
+    """Hands free pages back at most every TRIM_EVERY_SECONDS, only before a nap of TRIM_NAP_AT_LEAST or more.
+
+    Why not only after a burst: the steady work after it allocates into the free chunks the burst left all over the
+    heap, and each page it writes is resident again until the next trim, so the process crept back to the burst's
+    peak and stayed there (the relay: 91 -> 102 MB after the first burst of the steady bench, then flat, with its
+    live Python memory unchanged; docs/DESIGN.md "Memory after a burst"). A trim holds the allocator for a few ms
+    on a ~100 MB heap, so it waits for a nap, never in front of due work. One per process (`IDLE_TRIM`), shared by
+    its loops' threads.
+    """
+
+    def __init__(self, every: float = TRIM_EVERY_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every = every
+        self.clock = clock
+        self._next = clock() + every
+        self.trims = 0
+
+    def before_nap(self, nap: float) -> bool:
+        """Trim if one is due and the nap has room for it; True if it trimmed."""
+        if nap < TRIM_NAP_AT_LEAST or self.clock() < self._next:
+            return False
+        self._next = self.clock() + self.every
+        self.trims += 1
+        return return_free_memory()
+
+
+IDLE_TRIM = IdleTrim()
+
+
+async def idle_sleep(seconds: float) -> None:
+    """asyncio.sleep for a loop with nothing else to do meanwhile (the relay waiting for its staged instant): the
+    pause may first hand free memory back (IdleTrim)."""
+    IDLE_TRIM.before_nap(seconds)
+    await asyncio.sleep(seconds)

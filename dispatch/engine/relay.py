@@ -376,7 +376,7 @@ class Relay:
                 continue
             if wait is None or self.stop.is_set:
                 break
-            await asyncio.sleep(wait)
+            await loop.idle_sleep(wait)
 
     async def _drop_withdrawn(self, timer: PriorityTimer, due: list[Claimed]) -> list[int]:
         """Delete due envelopes all of whose occurrences were withdrawn since staging, or whose row is gone (rare:

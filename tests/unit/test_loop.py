@@ -9,7 +9,14 @@ import time
 
 import pytest
 
-from dispatch.engine.loop import MAX_ERROR_BACKOFF_SECONDS, StopFlag, return_free_memory, run_loop
+from dispatch.engine.loop import (
+    MAX_ERROR_BACKOFF_SECONDS,
+    TRIM_NAP_AT_LEAST,
+    IdleTrim,
+    StopFlag,
+    return_free_memory,
+    run_loop,
+)
 
 
 class RecordingStop(StopFlag):
@@ -227,3 +234,20 @@ def test_a_stop_flag_naps_not_at_all_for_a_negative_time_or_once_it_is_set():
 
 def test_free_memory_goes_back_through_the_c_allocator():
     assert return_free_memory() is (platform.libc_ver()[0] == "glibc"), "malloc_trim runs wherever glibc does"
+
+
+def test_an_idle_trim_waits_for_its_interval_and_for_a_nap_long_enough_to_hold_it():
+    now = [100.0]
+    trim = IdleTrim(every=60.0, clock=lambda: now[0])
+
+    assert not trim.before_nap(5.0), "not before the first interval has passed"
+    now[0] += 60.0
+    assert not trim.before_nap(TRIM_NAP_AT_LEAST / 2), "a short nap is left alone: due work follows it"
+    trim.before_nap(1.0)
+    assert trim.trims == 1
+    now[0] += 59.0
+    trim.before_nap(1.0)
+    assert trim.trims == 1, "at most one trim an interval"
+    now[0] += 1.0
+    trim.before_nap(1.0)
+    assert trim.trims == 2
