@@ -247,9 +247,10 @@ class IdleTrim:
 
     def before_nap(self, nap: float) -> bool:
         """Trim if one is due and the nap has room for it; True if it trimmed."""
-        if nap < TRIM_NAP_AT_LEAST or self.clock() < self._next:
+        now = self.clock()
+        if nap < TRIM_NAP_AT_LEAST or now < self._next:
             return False
-        self._next = self.clock() + self.every
+        self._next = now + self.every
         self.trims += 1
         return return_free_memory()
 

@@ -43,7 +43,7 @@ SETTLE_IDLE_SECONDS = 1.0
 # How old a stamp is before it is settled. Settled at once, an envelope's occurrences were still being claimed: the
 # settle statement and the worker's claim waited for each other's row locks, and both wrote each row (the steady
 # bench at 2,315 fires/s: the settler's connection busy ~100 % of the time, ~0.12 s a statement, mostly waiting, and no
-# room to catch up after a burst). A second later the worker has usually completed them and copied the stamp in its
+# room to catch up after a burst). A moment later the worker has usually completed them and copied the stamp in its
 # completion (dispatch/sql/claims.py COMPLETE_MANY), which the settle statement then leaves alone. The occurrence's
 # enqueued_at is the stamp either way; only its `enqueued` state shows this much later when no worker was first.
 # Three quarters of a second, not a whole one: steady fires start ~0.3 s after their instant (start lag p50), and the
