@@ -178,7 +178,12 @@ def test_a_stuck_fire_of_a_default_policy_schedule_re_driven_by_the_command_runs
         replayed = fleet.manage("replay", "--stuck")
         assert replayed.returncode == 0, replayed.stderr
         assert "Re-published 1 stuck occurrences (enqueued 1)" in replayed.stdout
-        wait_for(lambda: state() != OccurrenceState.ENQUEUED, 60, "the worker to take the re-driven fire")
+        # Until it is over, not only taken: a fire seen `running` was still the worker's when the fleet stopped.
+        wait_for(
+            lambda: state() not in (OccurrenceState.ENQUEUED, OccurrenceState.RUNNING),
+            60,
+            "the worker to finish the re-driven fire",
+        )
 
     assert state() == OccurrenceState.SUCCEEDED, Occurrence.objects.get(pk=stuck.pk).state_reason
     assert effects() == {stuck.occurrence_id: 1}
