@@ -27,7 +27,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from dispatch import counters
 from dispatch.partitions import (
@@ -71,6 +71,11 @@ BEHIND_FACTOR = 10
 HEALTH_BASE_DEAD_TUPLES = 10_000
 # Tables shown by scheduler_table_dead_tuples, the ones with the most dead row versions.
 DEAD_TUPLE_SERIES = 10
+# /healthz warns that max_wal_size is small for the load once more of the server's checkpoints were requested (the WAL
+# filled max_wal_size before checkpoint_timeout passed) than timed, counting from this many requested ones. Each
+# checkpoint makes the next change of every page write the whole page to the WAL again, so checkpoints forced by
+# volume feed themselves: more WAL, sooner the next one (docs/SCALING.md, "PostgreSQL for the steady day").
+CHECKPOINT_WARNING_AFTER = 10
 _DAY_SUFFIX = re.compile(r"_p\d{8}$")
 
 
@@ -325,11 +330,42 @@ def upkeep_gauges(cursor) -> Iterator[Metric]:
     for relname, dead_rows, _live, _looked_after in cursor.fetchall():
         dead.add_metric([relname], dead_rows)
     yield dead
+    timed, requested, _ = checkpoint_counts(cursor)
+    checkpoints = CounterMetricFamily(
+        "scheduler_postgres_checkpoints",
+        "The PostgreSQL server's checkpoints by cause: timed (checkpoint_timeout) or requested (mostly the WAL "
+        "reaching max_wal_size). Requested ones at a steady rate mean max_wal_size is small for the load.",
+        labels=["cause"],
+    )
+    checkpoints.add_metric(["timed"], timed)
+    checkpoints.add_metric(["requested"], requested)
+    yield checkpoints
 
 
-def vacuum_health(cursor) -> tuple[str, list[str], list[str]]:
-    """("on" | "off", warnings, reasons): whether the server runs autovacuum, what /healthz says of it when it does
-    not, and a reason to call the platform degraded when a table nothing vacuums is far past its threshold."""
+def checkpoint_counts(cursor) -> tuple[int, int, str]:
+    """(timed, requested, max_wal_size): the server's checkpoints since its statistics were last reset."""
+    since_17 = cursor.connection.info.server_version >= 170000
+    cursor.execute(maintenance_sql.CHECKPOINTS_SINCE_17 if since_17 else maintenance_sql.CHECKPOINTS)
+    timed, requested, max_wal_size = cursor.fetchone()
+    return int(timed), int(requested), max_wal_size
+
+
+def checkpoint_warning(timed: int, requested: int, max_wal_size: str) -> str | None:
+    """What /healthz says when the WAL, not the clock, decides most checkpoints; None when it does not."""
+    if requested < CHECKPOINT_WARNING_AFTER or requested <= timed:
+        return None
+    return (
+        f"{requested} of the PostgreSQL server's {timed + requested} checkpoints were forced by WAL volume before "
+        f"checkpoint_timeout: max_wal_size ({max_wal_size}) is small for this write load, and every checkpoint "
+        "writes whole pages to the WAL again; see docs/SCALING.md (the counts start at the last "
+        "pg_stat_reset_shared of the checkpointer's statistics)"
+    )
+
+
+def database_health(cursor) -> tuple[str, list[str], list[str]]:
+    """("on" | "off", warnings, reasons): whether the server runs autovacuum; warnings for what /healthz says of it
+    when it does not and of a WAL budget the load outgrew; a reason to call the platform degraded when a table
+    nothing vacuums is far past its threshold."""
     cursor.execute(maintenance_sql.UPKEEP_FACTS)
     _, autovacuum = cursor.fetchone()
     warnings = []
@@ -338,6 +374,9 @@ def vacuum_health(cursor) -> tuple[str, list[str], list[str]]:
             "autovacuum is off on the PostgreSQL server: the materializers' upkeep vacuums the busy tables itself "
             f"(past {settings.SCHEDULER_VACUUM_DEAD_TUPLES} dead row versions plus a fifth of their live rows)"
         )
+    checkpoints = checkpoint_warning(*checkpoint_counts(cursor))
+    if checkpoints:
+        warnings.append(checkpoints)
     cursor.execute(maintenance_sql.DEAD_TUPLES, {"limit": 2 * DEAD_TUPLE_SERIES})
     reasons = []
     for relname, dead_rows, live_rows, looked_after in cursor.fetchall():

@@ -7,7 +7,8 @@ after is ten times past its vacuum threshold. Otherwise 503: `unavailable` when 
 A readiness and alerting signal for the platform; restarting the web process would mend none of these.
 
 `autovacuum` says whether the server runs it; when it does not, `warnings` says so and the answer stays 200 as long
-as the materializers' upkeep keeps the tables vacuumed (dispatch/upkeep.py).
+as the materializers' upkeep keeps the tables vacuumed (dispatch/upkeep.py). `warnings` also says when most of the
+server's checkpoints were forced by WAL volume (max_wal_size too small for the load).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from kombu import Connection
 
 from dispatch.metrics import live_heartbeat_seconds
 from dispatch.sql import metrics as metrics_sql
-from dispatch.upkeep import vacuum_health
+from dispatch.upkeep import database_health
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +45,11 @@ def _engine() -> tuple[int, int, float] | None:
         return None
 
 
-def _vacuum() -> tuple[str, list[str], list[str]] | None:
-    """vacuum_health's (autovacuum, warnings, reasons), or None when the database does not answer."""
+def _database() -> tuple[str, list[str], list[str]] | None:
+    """database_health's (autovacuum, warnings, reasons), or None when the database does not answer."""
     try:
         with connection.cursor() as cursor:
-            return vacuum_health(cursor)
+            return database_health(cursor)
     except Exception:
         logger.warning("health check: database unreachable", exc_info=True, extra={"action": "healthz"})
         return None
@@ -87,9 +88,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
             reasons.append(f"no relay wrote a heartbeat in the last {ttl:.0f} s")
         if behind > limit:
             reasons.append(f"the earliest active cursor is {behind:.0f} s behind now (limit {limit:.0f} s)")
-    vacuum = _vacuum() if engine else None
-    if vacuum:
-        body["autovacuum"], body["warnings"], vacuum_reasons = vacuum
-        reasons.extend(vacuum_reasons)
+    database = _database() if engine else None
+    if database:
+        body["autovacuum"], body["warnings"], database_reasons = database
+        reasons.extend(database_reasons)
     status = "ok" if not reasons else ("unavailable" if not (engine and broker) else "degraded")
     return JsonResponse({"status": status, **body, "reasons": reasons}, status=200 if status == "ok" else 503)

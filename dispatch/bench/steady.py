@@ -35,7 +35,7 @@ from core.clock import db_now
 from dispatch.bench.drain import DrainBenchmark, DrainConfig
 from dispatch.bench.rows import BENCH_TENANT_PREFIX, SCHEDULE_COLUMNS, UNTHROTTLED, schedule_row
 from dispatch.bench.sampling import Readings, Sampler
-from dispatch.bench.steady_stats import settle_buckets, steady_stats
+from dispatch.bench.steady_stats import postgres_during, postgres_facts, settle_buckets, steady_stats
 from dispatch.sql import database_conninfo
 from dispatch.sql import quotas as quota_sql
 from schedules.models import PLANNING_FIELDS
@@ -194,6 +194,7 @@ class SteadyBenchmark(DrainBenchmark):
             f"setup took {time.monotonic() - started:.1f} s"
         )
         self.settle_before = settle_buckets()
+        postgres_before = postgres_facts()
         self.start_processes(self.horizon)
         sampler = Sampler(database_conninfo(), self._role_pids(), window_start)
         sampler.start()
@@ -205,6 +206,7 @@ class SteadyBenchmark(DrainBenchmark):
             if sampler.readings is not readings:
                 readings = sampler.stop()
             peaks = self.stop_processes()
+        postgres = postgres_during(postgres_before, postgres_facts())
         result = {
             "rate": config.rate,
             "tenants": config.tenants,
@@ -216,6 +218,7 @@ class SteadyBenchmark(DrainBenchmark):
             "concurrency": config.concurrency,
             **steady_stats(self, readings),
             "peak_rss_mb": peaks,
+            "postgres": postgres,
             "cpu_count": os.cpu_count(),
             "window_start": window_start.isoformat(),
         }

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from django.db import connection
 
 from dispatch.bench.sampling import Readings
+from dispatch.upkeep import checkpoint_counts
 
 
 class SteadyRun(Protocol):
@@ -33,6 +34,8 @@ class SteadyRun(Protocol):
 # Memory growth is measured from this far into the window (allocators and caches settle first).
 GROWTH_FROM_SECONDS = 300.0
 TABLES_PER_FIRE = ("dispatch_occurrence", "dispatch_attempt", "dispatch_outboxmessage")
+POSTGRES_SETTINGS = ("shared_buffers", "max_wal_size", "checkpoint_timeout", "wal_compression", "autovacuum")
+POSTGRES_COUNTERS = ("checkpoints_timed", "checkpoints_requested", "wal_bytes", "wal_full_page_images")
 
 
 def settle_buckets() -> dict[float, float]:
@@ -44,6 +47,28 @@ def settle_buckets() -> dict[float, float]:
             " WHERE name = 'scheduler_settle_lag_seconds_bucket'"
         )
         return {float(le): float(value) for le, value in cursor.fetchall()}
+
+
+def postgres_facts() -> dict[str, Any]:
+    """The server's settings that decide its disk work under this load, and its checkpoint and WAL counters. Read
+    before and after a run, `postgres_during` says what the run cost the server (docs/SCALING.md)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT name, current_setting(name) FROM unnest(%s::text[]) AS name",
+            [list(POSTGRES_SETTINGS)],
+        )
+        facts: dict[str, Any] = dict(cursor.fetchall())
+        facts["checkpoints_timed"], facts["checkpoints_requested"], _ = checkpoint_counts(cursor)
+        cursor.execute("SELECT wal_bytes::bigint, wal_fpi FROM pg_stat_wal")
+        facts["wal_bytes"], facts["wal_full_page_images"] = cursor.fetchone()
+    return facts
+
+
+def postgres_during(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The settings as they were at the end, and the counters' growth over the run."""
+    settings_now = {name: after[name] for name in POSTGRES_SETTINGS}
+    grown = {name: after[name] - before[name] for name in POSTGRES_COUNTERS}
+    return {**settings_now, **grown, "wal_mb": round(grown.pop("wal_bytes") / 2**20)}
 
 
 def histogram_quantile(counts: dict[float, float], fraction: float) -> float | None:

@@ -231,6 +231,15 @@ RELEASE_UPKEEP_LOCK = "SELECT pg_advisory_unlock(hashtext(%s))"
 UPKEEP_FACTS = """
 SELECT (clock_timestamp() AT TIME ZONE 'UTC')::date, current_setting('autovacuum')::boolean
 """
+# The server's checkpoints so far, by cause: timed (checkpoint_timeout passed) or requested (mostly the WAL reaching
+# max_wal_size; an explicit CHECKPOINT counts too). PostgreSQL 17 moved them from pg_stat_bgwriter to
+# pg_stat_checkpointer.
+CHECKPOINTS = """
+SELECT checkpoints_timed, checkpoints_req, current_setting('max_wal_size') FROM pg_stat_bgwriter
+"""
+CHECKPOINTS_SINCE_17 = """
+SELECT num_timed, num_requested, current_setting('max_wal_size') FROM pg_stat_checkpointer
+"""
 # The engine's tables with the most dead row versions, and whether autovacuum looks after each (the public schema
 # only: a scrape must not read the statistics of every tenant schema's tables).
 DEAD_TUPLES = """

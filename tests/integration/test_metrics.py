@@ -4,6 +4,7 @@ read from the durable record, the lanes' queues; and /healthz, which says when f
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import timedelta
 
 import pytest
@@ -329,3 +330,19 @@ def test_unsettled_envelopes_show_as_gauges_and_their_settling_in_the_settle_lag
         - before.get('scheduler_settle_lag_seconds_bucket{le="60.0"}', 0)
         == 3
     )
+
+
+@pytest.mark.django_db(transaction=True)  # in a transaction PostgreSQL serves the statistics it read first again
+def test_checkpoints_by_cause_follow_the_server_and_a_requested_one_is_counted():
+    before = scrape()['scheduler_postgres_checkpoints_total{cause="requested"}']
+    assert scrape()['scheduler_postgres_checkpoints_total{cause="timed"}'] >= 0
+    with connection.cursor() as cursor:
+        cursor.execute("CHECKPOINT")  # an explicit one counts as requested
+
+    # The statistics reach the view once the checkpointer has reported them; a checkpoint of a quiet server is quick.
+    for _ in range(50):
+        after = scrape()['scheduler_postgres_checkpoints_total{cause="requested"}']
+        if after > before:
+            break
+        time.sleep(0.1)
+    assert after >= before + 1
