@@ -12,6 +12,9 @@ said once per streak of failures in the log, every time in `scheduler_upkeep_fai
    are dropped (dispatch/partitions.py); a day holding one that can still run is kept and said so.
 3. **Vacuum**: every ten seconds, each table autovacuum does not look after (off on the server or for the table) whose
    dead row versions passed the threshold is vacuumed, throttled as autovacuum would be.
+4. **Vacuum of the large tables** (more than UNTHROTTLED_LIVE_ROWS live rows: the day partitions, a large cursor
+   table): the same, in a lane of its own (a second Upkeep on a thread and connection of its own), so their
+   throttled VACUUM, which takes longer as the day grows, never holds up the small queue-like tables' next one.
 Each task runs in one materializer at a time (an advisory lock, tried, never waited for).
 """
 
@@ -44,7 +47,13 @@ from dispatch.sql import maintenance as maintenance_sql
 
 logger = logging.getLogger(__name__)
 
-PARTITIONS, RETENTION, VACUUM = "partitions", "retention", "vacuum"
+PARTITIONS, RETENTION, VACUUM, VACUUM_LARGE = "partitions", "retention", "vacuum", "vacuum_large"
+# The two lanes, each an Upkeep on a thread of its own. With one, each round vacuumed the small tables, then the day
+# partitions (throttled, 1 s each at the start of the steady bench and 17-20 s ten minutes in, growing with the day),
+# and the outbox waited for them: its dead rows reached 80,000, the settle statement's reads per call tripled, and the
+# settle lag grew with the day (docs/DESIGN.md, "VACUUM where autovacuum is off").
+SMALL_LANE = (PARTITIONS, RETENTION, VACUUM)
+LARGE_LANE = (VACUUM_LARGE,)
 # How often each task looks again after a pass that succeeded. Partitions: a new day is wanted once a day and is made
 # a week early, so ten minutes is plenty. Retention: at most once an hour (each pass reads every day past it). Vacuum:
 # the check is one read of PostgreSQL's table statistics.
@@ -52,7 +61,7 @@ PARTITIONS, RETENTION, VACUUM = "partitions", "retention", "vacuum"
 # running counts, the cursors) turn over thousands of rows a second, and a minute of their dead rows made every
 # statement on them walk a bloated table (bench steady: the settler fell 28 s behind on an outbox of 390,000 dead
 # rows). A look is one read of pg_stat_user_tables; a small table's VACUUM is milliseconds.
-EVERY_SECONDS = {PARTITIONS: 600.0, RETENTION: 3600.0, VACUUM: 10.0}
+EVERY_SECONDS = {PARTITIONS: 600.0, RETENTION: 3600.0, VACUUM: 10.0, VACUUM_LARGE: 10.0}
 # The part of a table's live rows its dead ones may add before a VACUUM: autovacuum's default scale factor.
 VACUUM_SCALE = 0.2
 # Rows changed since the last ANALYZE (inserted, updated, deleted) before another: autovacuum's analyze rule, with
@@ -62,6 +71,8 @@ ANALYZE_SCALE = 0.1
 # Tables up to this many live rows are vacuumed unthrottled: they sit in shared buffers, so the throttle would only
 # make their VACUUM last longer, and the hot small ones (buckets, running counts, the outbox) come first.
 UNTHROTTLED_LIVE_ROWS = 200_000
+# The throttle of a large table's VACUUM: autovacuum's defaults, a 2 ms nap after every 200 cost units.
+VACUUM_COST_DELAY, VACUUM_COST_LIMIT = "2ms", "200"
 # /healthz calls the platform degraded when a table autovacuum does not look after holds this many times its vacuum
 # threshold, counted from a base of at least HEALTH_BASE_DEAD_TUPLES: the upkeep vacuums at one, so nothing vacuums
 # it (no materializer runs, its VACUUM fails) or a long transaction keeps VACUUM from removing anything. The larger
@@ -94,9 +105,10 @@ def table_label(relname: str) -> str:
 class Upkeep:
     """The upkeep of one materializer process: which task is due when, and the streak of failures of each."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, tasks: tuple[str, ...] = SMALL_LANE, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.tasks = tasks
         self.clock = clock  # monotonic seconds: when each task is due again
-        self._due = dict.fromkeys(EVERY_SECONDS, 0.0)
+        self._due = dict.fromkeys(tasks, 0.0)
         self._failing: dict[str, tuple[int, float]] = {}  # task -> (failed tries in a row, clock at the first)
         self._stopping = threading.Event()
         self._busy: Any = None  # the psycopg connection of a VACUUM in progress, for interrupt()
@@ -105,12 +117,14 @@ class Upkeep:
         """Run each task that is due, in order (partitions first: they are what the data plane needs); `now` is
         PostgreSQL's instant (its UTC date is "today"). True if any task was due."""
         ran = False
-        tasks: dict[str, Callable[[datetime], bool]] = {
+        work_of: dict[str, Callable[[datetime], bool]] = {
             PARTITIONS: self.make_partitions,
             RETENTION: self.enforce_retention,
             VACUUM: self.vacuum,
+            VACUUM_LARGE: lambda now: self.vacuum(now, large=True),
         }
-        for task, work in tasks.items():
+        for task in self.tasks:
+            work = work_of[task]
             if self._stopping.is_set() or self.clock() < self._due[task]:
                 continue
             ran = True
@@ -176,9 +190,11 @@ class Upkeep:
         self._recovered(RETENTION, f"dropped {len(report.dropped)} partitions")
         return True
 
-    def vacuum(self, now: datetime) -> bool:
-        """VACUUM (ANALYZE) each table past its threshold that autovacuum does not look after, and ANALYZE the
-        ones whose rows changed enough since their statistics were taken."""
+    def vacuum(self, now: datetime, *, large: bool = False) -> bool:
+        """VACUUM (ANALYZE) each table of this lane (`large`: more than UNTHROTTLED_LIVE_ROWS live rows) past its
+        threshold that autovacuum does not look after, and ANALYZE the ones whose rows changed enough since their
+        statistics were taken."""
+        task = VACUUM_LARGE if large else VACUUM
         with connection.cursor() as cursor:
             cursor.execute(
                 maintenance_sql.VACUUM_CANDIDATES,
@@ -189,16 +205,16 @@ class Upkeep:
                     "analyze_scale": ANALYZE_SCALE,
                 },
             )
-            candidates = cursor.fetchall()
+            candidates = [row for row in cursor.fetchall() if (row[3] > UNTHROTTLED_LIVE_ROWS) == large]
         failures = []
-        for quoted, relname, dead, live, needs_vacuum in candidates:
+        for quoted, relname, dead, _live, needs_vacuum in candidates:
             if self._stopping.is_set():
                 break
             try:
                 if not needs_vacuum:
                     self._analyze_one(quoted, relname)
                     continue
-                self._vacuum_one(quoted, throttled=live > UNTHROTTLED_LIVE_ROWS)
+                self._vacuum_one(quoted, throttled=large)
             except DatabaseError as exc:
                 if self._stopping.is_set():
                     break
@@ -215,9 +231,9 @@ class Upkeep:
                 extra={"action": "vacuum"},
             )
         if failures:
-            self._failed(VACUUM, f"VACUUM failed for {'; '.join(failures)}")
+            self._failed(task, f"VACUUM failed for {'; '.join(failures)}")
             return False
-        self._recovered(VACUUM, f"vacuumed {len(candidates)} tables")
+        self._recovered(task, f"vacuumed {len(candidates)} tables")
         return True
 
     def _analyze_one(self, quoted: str, relname: str) -> None:
@@ -239,7 +255,8 @@ class Upkeep:
         with connection.cursor() as cursor:
             cursor.execute(maintenance_sql.VACUUM_SETTINGS_NOW)
             delay, limit, timeout = cursor.fetchone()
-            cursor.execute(maintenance_sql.VACUUM_THROTTLE, ["2ms" if throttled else "0", "200"])
+            delay_now = VACUUM_COST_DELAY if throttled else "0"
+            cursor.execute(maintenance_sql.VACUUM_THROTTLE, [delay_now, VACUUM_COST_LIMIT])
             cursor.execute(maintenance_sql.SET_LOCK_TIMEOUT, [lock_timeout_text(), False])
             self._busy = connection.connection
             try:

@@ -38,7 +38,7 @@ from dispatch.quotas import pace_planned
 from dispatch.sql import PreparedCursor
 from dispatch.sql import leases as lease_sql
 from dispatch.sql import materialize as materialize_sql
-from dispatch.upkeep import Upkeep
+from dispatch.upkeep import LARGE_LANE, SMALL_LANE, Upkeep
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,8 @@ class Materializer:
         # Set by a batch of many fires (a burst, a catch-up): once the drain ends, free memory goes back.
         self._trim_due = False
         self.stop = StopFlag()
-        self.upkeep = Upkeep()
+        self.upkeep = Upkeep(SMALL_LANE)
+        self.large_upkeep = Upkeep(LARGE_LANE)
         self.outage = Outage()  # one for the main loop and the batch threads: an outage is logged once
 
     # --- leases ------------------------------------------------------------------------------------------------
@@ -394,15 +395,16 @@ class Materializer:
         finally:
             connection.close()
 
-    def keep_up(self) -> None:
-        """The upkeep thread: day partitions, retention and vacuum when due (dispatch/upkeep.py), on a connection of
-        its own in autocommit. Apart from the main thread, so a long VACUUM never delays the lease renewals, and from
-        the batches, so no upkeep lock is ever taken inside a batch transaction."""
+    def keep_up(self, upkeep: Upkeep) -> None:
+        """An upkeep thread: day partitions, retention and vacuum when due, or the large tables' vacuum
+        (dispatch/upkeep.py), on a connection of its own in autocommit. Apart from the main thread, so a long VACUUM
+        never delays the lease renewals, and from the batches, so no upkeep lock is ever taken inside a batch
+        transaction."""
         try:
             run_loop(
-                lambda: self.upkeep.run_due(self.clock()),
+                lambda: upkeep.run_due(self.clock()),
                 self.stop,
-                idle_seconds=self.upkeep.seconds_until_due,
+                idle_seconds=upkeep.seconds_until_due,
                 on_error=lambda exc: connection.close(),
                 outage=self.outage,
             )
@@ -419,7 +421,10 @@ class Materializer:
             threading.Thread(target=self.write_batches, name=f"{self.name}-batches-{n + 1}", daemon=True)
             for n in range(0 if once else self.threads - 1)
         ]
-        upkeep = [] if once else [threading.Thread(target=self.keep_up, name=f"{self.name}-upkeep", daemon=True)]
+        upkeep = [
+            threading.Thread(target=self.keep_up, args=(lane,), name=f"{self.name}-upkeep-{n + 1}", daemon=True)
+            for n, lane in enumerate([] if once else [self.upkeep, self.large_upkeep])
+        ]
         if helpers:
             # A thread whose PostgreSQL round trip has returned waits for the GIL while another plans: up to the
             # switch interval, 5 ms by default, with its backend idle and its row locks held. 0.1 ms measured
@@ -430,6 +435,7 @@ class Materializer:
                 helper.start()
             if once:
                 self.upkeep.run_due(self.clock())
+                self.large_upkeep.run_due(self.clock())
             run_loop(
                 self._process_step,
                 self.stop,
@@ -441,6 +447,7 @@ class Materializer:
         finally:
             self.stop.set()  # a failure of the main loop stops the other threads too
             self.upkeep.interrupt()
+            self.large_upkeep.interrupt()
             for helper in helpers + upkeep:
                 helper.join(timeout=30)
             try:

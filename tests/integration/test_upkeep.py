@@ -8,6 +8,7 @@ on committed tables.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -22,8 +23,9 @@ from django.test import Client
 
 from core.clock import db_now
 from dispatch import counters, partitions
+from dispatch import upkeep as upkeep_module
 from dispatch.models import Occurrence, OutboxMessage
-from dispatch.upkeep import Upkeep
+from dispatch.upkeep import LARGE_LANE, SMALL_LANE, Upkeep
 from tests.integration.processes import process_env, run_manage
 from tests.integration.test_faults_time import drop_partitions_from
 from tests.integration.test_metrics import scrape
@@ -275,3 +277,56 @@ def test_a_table_grown_by_inserts_since_its_last_analyze_is_analyzed_again(tenan
         with connection.cursor() as cursor:
             cursor.execute(f"DELETE FROM {table} WHERE tenant_id < 0")
             cursor.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
+
+
+LARGE = "upkeep_test_large_table"
+
+
+def vacuum_running_on(table: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_progress_vacuum WHERE relid = %s::regclass)", [f"public.{table}"]
+        )
+        return cursor.fetchone()[0]
+
+
+def test_a_long_vacuum_of_a_large_table_holds_up_no_small_tables_vacuum(churned_table, settings, monkeypatch):
+    """The defect: one lane vacuumed the small tables, then the day partitions (17-20 s each ten minutes into the
+    steady bench, longer as the day grows), and the outbox gathered 80,000 dead rows meanwhile. The large table's
+    VACUUM here is made slow as a day partition's is, by its throttle (a nap after every cost unit)."""
+    settings.SCHEDULER_VACUUM_DEAD_TUPLES = 100
+    monkeypatch.setattr(upkeep_module, "UNTHROTTLED_LIVE_ROWS", 5_000)
+    monkeypatch.setattr(upkeep_module, "VACUUM_COST_LIMIT", "1")
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE {LARGE} (id int PRIMARY KEY, n int) WITH (autovacuum_enabled = false)")
+        cursor.execute(f"INSERT INTO {LARGE} SELECT n, 0 FROM generate_series(1, 50000) AS n")
+        cursor.execute(f"UPDATE {LARGE} SET n = 1")
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    large_lane, small_lane = Upkeep(LARGE_LANE), Upkeep(SMALL_LANE)
+
+    def vacuum_the_large_tables() -> None:
+        try:
+            large_lane.run_due(db_now())
+        finally:
+            connection.close()
+
+    large = threading.Thread(target=vacuum_the_large_tables, daemon=True)
+    try:
+        wait_for(lambda: dead_tuples(LARGE) >= 50_000, 30, "the statistics to count the large table's churn")
+        large.start()
+        wait_for(lambda: vacuum_running_on(LARGE), 30, "the large table's VACUUM to start")
+
+        assert small_lane.vacuum(db_now())
+
+        assert dead_tuples(churned_table) < 100 + 0.2 * CHURN_ROWS, "the small table is vacuumed meanwhile"
+        assert vacuum_running_on(LARGE), "while the large table's VACUUM goes on"
+        large.join(timeout=120)
+        assert not large.is_alive()
+        assert dead_tuples(LARGE) < 100 + 0.2 * 50_000
+        assert counters.stored_value("scheduler_upkeep_vacuums", table=LARGE) >= 1
+    finally:
+        large_lane.interrupt()
+        if large.is_alive():
+            large.join(timeout=30)
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TABLE IF EXISTS {LARGE}")
