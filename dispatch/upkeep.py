@@ -205,7 +205,11 @@ class Upkeep:
                     "analyze_scale": ANALYZE_SCALE,
                 },
             )
-            candidates = [row for row in cursor.fetchall() if (row[3] > UNTHROTTLED_LIVE_ROWS) == large]
+            candidates = [
+                (quoted, relname, dead, live, needs_vacuum)
+                for quoted, relname, dead, live, needs_vacuum in cursor.fetchall()
+                if (live > UNTHROTTLED_LIVE_ROWS) == large  # this lane's tables only
+            ]
         failures = []
         for quoted, relname, dead, _live, needs_vacuum in candidates:
             if self._stopping.is_set():
