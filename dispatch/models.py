@@ -94,6 +94,34 @@ class Occurrence(models.Model):
         return f"{self.occurrence_id} {self.state}"
 
 
+# The states the engine looks occurrences up by: the lease reaper and the overlap checks (running, retry_wait), the
+# dead-letter queue (dead). OccurrenceWatch holds the occurrences in them.
+WATCHED_STATES = (OccurrenceState.RUNNING, OccurrenceState.RETRY_WAIT, OccurrenceState.DEAD)
+
+
+class OccurrenceWatch(models.Model):
+    """An occurrence in one of WATCHED_STATES, with what its readers look it up by: a small table kept by triggers
+    on the occurrence table (migration 0017), in the same transaction as the occurrence's change.
+
+    An index in all but name, kept outside the occurrence table so that no index there names state or lease: a
+    change of state is then a HOT update, which writes no index entry (docs/DESIGN.md, "State changes that stay on
+    their page"). Read it, never write it: every writer of occurrences keeps it by writing the occurrence."""
+
+    occurrence_id = models.UUIDField(primary_key=True, editable=False)  # the database key adds scheduled_for
+    scheduled_for = models.DateTimeField()
+    schedule_id = models.UUIDField()
+    tenant_id = models.BigIntegerField()
+    state = models.CharField(max_length=16)
+    attempt_count = models.SmallIntegerField()
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "dispatch_occurrence_watch"
+
+    def __str__(self) -> str:
+        return f"{self.occurrence_id} {self.state}"
+
+
 class Attempt(models.Model):
     """One claim of an occurrence by a worker. `generation` fences late completions of older claims."""
 

@@ -273,7 +273,7 @@ def _drop_day(
         if occurrences is not None:
             # Nothing writes to the day while these locks are held. Step 1 read the whole day without them; what could
             # have re-opened a fire since shows here cheaply: the table's write counter moved, a fire of the day
-            # waits in the outbox, or one is running or waiting for a retry (partial indexes).
+            # waits in the outbox, or one is running or waiting for a retry (the watch).
             cursor.execute(maintenance_sql.PARTITION_WRITES, [f'"public"."{occurrences}"'])
             row = cursor.fetchone()
             cursor.execute(maintenance_sql.DAY_REOPENED.format(partition=occurrences), {"start": start, "end": end})
@@ -281,6 +281,7 @@ def _drop_day(
                 raise _ChangedDuringCheck
         for _, name in present:
             cursor.execute(maintenance_sql.DROP_PARTITION.format(partition=name))
+        cursor.execute(maintenance_sql.FORGET_WATCHED_DAY, {"start": start, "end": end})
     for _, name in present:
         logger.info("dropped partition %s (past the retention, every fire finished)", name, extra={"action": "prune"})
 
@@ -303,7 +304,7 @@ def _prune_default(connection: BaseDatabaseWrapper, report: PruneReport, dry_run
             locks_wait_at_most_the_timeout(cursor),
         ):
             cursor.execute(maintenance_sql.DELETE_FINISHED_DEFAULT_OCCURRENCES, params)
-            report.default_deleted = cursor.rowcount
+            report.default_deleted = cursor.fetchone()[0]
             cursor.execute(maintenance_sql.DELETE_DEFAULT_ATTEMPTS, params)
     except DatabaseError as exc:
         if sqlstate(exc) != LOCK_NOT_AVAILABLE:

@@ -20,6 +20,7 @@ HOT_TABLES = (
     "schedules_schedulecursor",
     "dispatch_outboxmessage",
     "dispatch_occurrence",
+    "dispatch_occurrence_watch",
     "dispatch_attempt",
     "dispatch_metric_counter",
     "dispatch_tenant_fire_bucket",

@@ -33,7 +33,7 @@ class SteadyRun(Protocol):
 
 # Memory growth is measured from this far into the window (allocators and caches settle first).
 GROWTH_FROM_SECONDS = 300.0
-TABLES_PER_FIRE = ("dispatch_occurrence", "dispatch_attempt", "dispatch_outboxmessage")
+TABLES_PER_FIRE = ("dispatch_occurrence", "dispatch_occurrence_watch", "dispatch_attempt", "dispatch_outboxmessage")
 POSTGRES_SETTINGS = ("shared_buffers", "max_wal_size", "checkpoint_timeout", "wal_compression", "autovacuum")
 POSTGRES_COUNTERS = ("checkpoints_timed", "checkpoints_requested", "wal_bytes", "wal_full_page_images")
 
@@ -257,7 +257,8 @@ def _outbox_after_bursts(bench: SteadyRun, readings: Readings) -> list[dict[str,
 
 
 def _bytes_per_fire(cursor) -> tuple[float | None, dict[str, float]]:
-    """Bytes of the occurrence, attempt and outbox tables (every partition, with indexes and TOAST) per occurrence."""
+    """Bytes of the occurrence (with its watch), attempt and outbox tables (every partition, with indexes and TOAST)
+    per occurrence."""
     cursor.execute(
         """
         SELECT COALESCE(parent.relname, c.relname), sum(pg_total_relation_size(c.oid))::bigint

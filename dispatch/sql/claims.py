@@ -114,11 +114,11 @@ ON CONFLICT (occurrence_id, scheduled_for, generation) DO NOTHING
 RETURNING occurrence_id, id
 """
 
-# Overlap: another occurrence of the schedule running under a live lease (its id goes into the reason). Served by
-# the partial index occurrence_active_by_schedule (schedule_id) WHERE state IN ('running', 'retry_wait'); an expired
-# lease does not count, its occurrence is the reaper's.
+# Overlap: another occurrence of the schedule running under a live lease (its id goes into the reason). Read from
+# dispatch_occurrence_watch (its index watch_by_schedule), which holds the running and waiting occurrences in the
+# same transaction as the occurrence table; an expired lease does not count, its occurrence is the reaper's.
 SIBLING_RUNNING = """
-SELECT occurrence_id FROM dispatch_occurrence
+SELECT occurrence_id FROM dispatch_occurrence_watch
 WHERE schedule_id = %(schedule_id)s AND state = 'running' AND lease_expires_at > %(now)s
   AND occurrence_id <> %(occurrence_id)s
 LIMIT 1
@@ -126,9 +126,9 @@ LIMIT 1
 
 # queue_one: the occurrence held behind a running predecessor (retry_wait and never attempted; a retry parked by the
 # overlap rule has attempt_count > 0 and is not the held one), oldest first so that a newer fire sees it is queued
-# behind it. Same partial index as SIBLING_RUNNING.
+# behind it. From the watch, like SIBLING_RUNNING.
 SIBLING_WAITING = """
-SELECT occurrence_id, scheduled_for FROM dispatch_occurrence
+SELECT occurrence_id, scheduled_for FROM dispatch_occurrence_watch
 WHERE schedule_id = %(schedule_id)s AND state = 'retry_wait' AND attempt_count = 0
   AND occurrence_id <> %(occurrence_id)s
 ORDER BY scheduled_for
@@ -365,11 +365,8 @@ WHERE id = %(attempt_id)s AND scheduled_for = %(scheduled_for)s
 # COMPLETE for many attempts whose outcome needs no retry planning (succeeded, dead, canceled): one statement, each
 # row fenced by its own generation. Rows missing from the result were fenced (a newer attempt or the reaper owns
 # them); the reason of a cancel is read from the schedule as in COMPLETE.
-# The state each row must still be in ('running') comes in as a column (held_state), not as the constant: a
-# constant `o.state = 'running'` implies the predicate of the partial index occurrence_running_lease, and the planner
-# then ANDed a bitmap of that whole index (every row running since the last vacuum, dead ones included) into each
-# primary-key probe. Measured with perf on the PostgreSQL backends during a 100,000-fire drain: BitmapAnd was the
-# largest cost, and it grew with every occurrence run.
+# The state each row must still be in ('running') comes in as a column (held_state), as the callers of the other
+# batched transitions pass it: one shape for every fenced batch, whatever state it holds.
 # The rows are locked first in primary-key order (`locked`), the order the relay's settle step locks them in too:
 # two statements that each change many occurrences wait for each other's rows, and in different orders they
 # deadlocked (seen in a 100,000-fire drain: a settle batch against a completion, one envelope rolled back and retried).
@@ -424,12 +421,16 @@ WHERE a.id = u.attempt_id AND a.scheduled_for = u.scheduled_for
 
 # queue_one: the predecessor stopped running, so the occurrence held behind it is due now rather than at its next
 # recheck; otherwise a newer fire arriving in between would find nothing running and skip it. The caller writes
-# the new envelope for the returned row. Served by occurrence_active_by_schedule.
+# the new envelope for the returned row. The held rows are found in the watch (watch_by_schedule); the conditions
+# are checked again on the occurrence row itself.
 RELEASE_HELD = """
-UPDATE dispatch_occurrence
+UPDATE dispatch_occurrence AS o
 SET available_at = %(now)s
-WHERE schedule_id = %(schedule_id)s AND state = 'retry_wait' AND attempt_count = 0 AND available_at > %(now)s
-RETURNING occurrence_id, scheduled_for, tenant_id, lane, priority
+FROM dispatch_occurrence_watch AS w
+WHERE w.schedule_id = %(schedule_id)s AND w.state = 'retry_wait' AND w.attempt_count = 0
+  AND o.occurrence_id = w.occurrence_id AND o.scheduled_for = w.scheduled_for
+  AND o.state = 'retry_wait' AND o.attempt_count = 0 AND o.available_at > %(now)s
+RETURNING o.occurrence_id, o.scheduled_for, o.tenant_id, o.lane, o.priority
 """
 
 # --- tenant retry budget ---------------------------------------------------------------------------------------

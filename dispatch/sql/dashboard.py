@@ -113,7 +113,7 @@ SELECT count(*) FILTER (WHERE published_at IS NULL AND available_at <= clock_tim
 FROM dispatch_outboxmessage
 """
 
-DEAD_COUNT = "SELECT count(*) FROM dispatch_occurrence WHERE state = 'dead'"
+DEAD_COUNT = "SELECT count(*) FROM dispatch_occurrence_watch WHERE state = 'dead'"
 
 # Per tenant: the engine's quota counters (dispatch/sql/quotas.py), busiest first, bounded. dispatched_fires counts
 # every publish since the tenant's first (a fire parked for max_running, or retried, is published again and counted
@@ -141,9 +141,9 @@ ORDER BY h.role, h.name
 """
 
 RUNNING_BY_WORKER = """
-SELECT a.worker, count(*) FROM dispatch_occurrence AS o
-JOIN dispatch_attempt AS a ON a.occurrence_id = o.occurrence_id AND a.scheduled_for = o.scheduled_for
-     AND a.generation = o.attempt_count
-WHERE o.state = 'running'
+SELECT a.worker, count(*) FROM dispatch_occurrence_watch AS w
+JOIN dispatch_attempt AS a ON a.occurrence_id = w.occurrence_id AND a.scheduled_for = w.scheduled_for
+     AND a.generation = w.attempt_count
+WHERE w.state = 'running'
 GROUP BY a.worker
 """

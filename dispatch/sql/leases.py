@@ -125,9 +125,10 @@ FROM renewed AS r
 JOIN schedules_schedule AS s ON s.id = r.schedule_id
 """
 
-# Running occurrences whose lease expired (the worker died: SIGKILL, OOM, lost network). Served by the partial
-# index occurrence_running_lease (lease_expires_at) WHERE state = 'running'. SKIP LOCKED: a live worker completing
-# or renewing one of these rows wins, and several reapers split the work. Outcome per row, with its reason in words:
+# Running occurrences whose lease expired (the worker died: SIGKILL, OOM, lost network). Found in
+# dispatch_occurrence_watch (its index watch_running_lease), and checked again on the occurrence row, which is the
+# one locked. SKIP LOCKED: a live worker completing or renewing one of these rows wins, and several reapers split
+# the work. Outcome per row, with its reason in words:
 # canceled if the schedule moved on (the claim would cancel it anyway); dead when the attempts of the occurrence's
 # own version are used up (its snapshot, read as at claim time: see LOCK_OCCURRENCE in dispatch/sql/claims.py) or the
 # occurrence deadline has passed (not for forced ones, see dispatch/engine/retry.deadline_of); otherwise
@@ -141,12 +142,14 @@ WITH expired AS (
            s.version <> o.schedule_version AND NOT (o.forced OR o.kept) AS superseded,
            COALESCE((v.definition ->> 'max_attempts')::int, s.max_attempts) AS max_attempts,
            NOT o.forced AND o.scheduled_for + make_interval(secs => %(deadline)s) < %(now)s AS past_deadline
-    FROM dispatch_occurrence AS o
+    FROM dispatch_occurrence_watch AS w
+    JOIN dispatch_occurrence AS o ON o.occurrence_id = w.occurrence_id AND o.scheduled_for = w.scheduled_for
     JOIN schedules_schedule AS s ON s.id = o.schedule_id
 """
     + OWN_VERSION_SNAPSHOT
-    + """    WHERE o.state = 'running' AND o.lease_expires_at < %(now)s
-    ORDER BY o.lease_expires_at
+    + """    WHERE w.state = 'running' AND w.lease_expires_at < %(now)s
+      AND o.state = 'running' AND o.lease_expires_at < %(now)s
+    ORDER BY w.lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
 ), verdicts AS (

@@ -14,10 +14,11 @@ from __future__ import annotations
 REPLAY_DEAD_BATCH = """
 WITH picked AS (
     SELECT o.occurrence_id, o.scheduled_for
-    FROM dispatch_occurrence AS o
+    FROM dispatch_occurrence_watch AS w
+    JOIN dispatch_occurrence AS o ON o.occurrence_id = w.occurrence_id AND o.scheduled_for = w.scheduled_for
     JOIN schedules_schedule AS s ON s.id = o.schedule_id
-    WHERE o.state = 'dead' AND s.state <> 'canceled'
-      AND (%(tenant_id)s::bigint IS NULL OR o.tenant_id = %(tenant_id)s::bigint)
+    WHERE w.state = 'dead' AND o.state = 'dead' AND s.state <> 'canceled'
+      AND (%(tenant_id)s::bigint IS NULL OR w.tenant_id = %(tenant_id)s::bigint)
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
 )
@@ -30,10 +31,10 @@ RETURNING o.occurrence_id, o.scheduled_for, o.tenant_id, o.lane, o.priority
 
 COUNT_DEAD_OF_CANCELED = """
 SELECT count(*)
-FROM dispatch_occurrence AS o
-JOIN schedules_schedule AS s ON s.id = o.schedule_id
-WHERE o.state = 'dead' AND s.state = 'canceled'
-  AND (%(tenant_id)s::bigint IS NULL OR o.tenant_id = %(tenant_id)s::bigint)
+FROM dispatch_occurrence_watch AS w
+JOIN schedules_schedule AS s ON s.id = w.schedule_id
+WHERE w.state = 'dead' AND s.state = 'canceled'
+  AND (%(tenant_id)s::bigint IS NULL OR w.tenant_id = %(tenant_id)s::bigint)
 """
 
 # --- backfill ------------------------------------------------------------------------------------------------------
@@ -143,14 +144,16 @@ FLUSH_OWN_STATISTICS = "SELECT pg_stat_force_next_flush()"
 UNFINISHED_BY_STATE = 'SELECT state, count(*) FROM "public"."{partition}" WHERE state = ANY(%s) GROUP BY state'
 # Rows inserted, updated or deleted in a table so far (the statistics PostgreSQL keeps): read before the check above
 # and again under the drop's locks, it shows that something wrote to the day in between. Backends report their
-# counts when they go idle, within seconds; the outbox and the partial indexes of DAY_REOPENED cover those seconds.
+# counts when they go idle, within seconds; the outbox and the watch of DAY_REOPENED cover those seconds.
 PARTITION_WRITES = """
 SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_all_tables WHERE relid = %s::regclass
 """
 # Under the drop's locks: a fire of the day re-opened since the check (a replay, a backfill, a catch-up) is still
-# in the outbox, or already claimed (running, retry_wait: the partial index occurrence_active_by_schedule).
+# in the outbox, or already claimed (running, retry_wait: dispatch_occurrence_watch, a small table, rather than a
+# read of the whole day while its locks are held).
 DAY_REOPENED = """
-SELECT EXISTS (SELECT 1 FROM "public"."{partition}" WHERE state IN ('running', 'retry_wait'))
+SELECT EXISTS (SELECT 1 FROM dispatch_occurrence_watch
+               WHERE state IN ('running', 'retry_wait') AND scheduled_for >= %(start)s AND scheduled_for < %(end)s)
     OR EXISTS (SELECT 1 FROM dispatch_outboxmessage AS m, unnest(m.scheduled_fors) AS f(scheduled_for)
                WHERE f.scheduled_for >= %(start)s AND f.scheduled_for < %(end)s)
 """
@@ -160,6 +163,10 @@ SELECT EXISTS (SELECT 1 FROM "public"."{partition}" WHERE state IN ('running', '
 LOCK_PARENT_ONLY = 'LOCK TABLE ONLY "public"."{parent}" IN ACCESS EXCLUSIVE MODE'
 LOCK_PARTITION = 'LOCK TABLE "public"."{partition}" IN ACCESS EXCLUSIVE MODE'
 DROP_PARTITION = 'DROP TABLE IF EXISTS "public"."{partition}"'
+# A dropped day's rows leave the watch with it (its dead fires): a DROP fires no trigger.
+FORGET_WATCHED_DAY = """
+DELETE FROM dispatch_occurrence_watch WHERE scheduled_for >= %(start)s AND scheduled_for < %(end)s
+"""
 
 # Rows older than the retention that sat in DEFAULT (no partition existed for their day when written): finished
 # occurrences, unfinished ones (kept), and the attempts that may go (those of no unfinished occurrence).
@@ -175,9 +182,17 @@ SELECT (SELECT count(*) FROM dispatch_occurrence_default
               AND o.state = ANY(%(unfinished)s)))
 """
 # The state is re-checked on each row as it is deleted (READ COMMITTED re-reads a row changed meanwhile), so a fire
-# re-opened while this runs stays.
+# re-opened while this runs stays. A DELETE on the partition itself fires no trigger of the parent: the deleted dead
+# rows leave the watch here. Returns how many rows were deleted.
 DELETE_FINISHED_DEFAULT_OCCURRENCES = """
-DELETE FROM dispatch_occurrence_default WHERE scheduled_for < %(cutoff)s AND NOT state = ANY(%(unfinished)s)
+WITH deleted AS (
+    DELETE FROM dispatch_occurrence_default WHERE scheduled_for < %(cutoff)s AND NOT state = ANY(%(unfinished)s)
+    RETURNING occurrence_id, scheduled_for, state
+), unwatched AS (
+    DELETE FROM dispatch_occurrence_watch AS w USING deleted AS d
+    WHERE d.state = 'dead' AND w.occurrence_id = d.occurrence_id AND w.scheduled_for = d.scheduled_for
+)
+SELECT count(*) FROM deleted
 """
 DELETE_DEFAULT_ATTEMPTS = """
 DELETE FROM dispatch_attempt_default AS a

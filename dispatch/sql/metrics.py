@@ -95,9 +95,9 @@ LATERAL (SELECT next_run_at AS first_due FROM schedules_schedulecursor
 """
 
 METRICS_DEAD_AND_LEASES = """
-SELECT (SELECT count(*) FROM dispatch_occurrence WHERE state = 'dead'),
-       (SELECT count(*) FROM dispatch_occurrence WHERE state = 'running'),
-       (SELECT count(*) FROM dispatch_occurrence WHERE state = 'running' AND lease_expires_at < clock_timestamp())
+SELECT (SELECT count(*) FROM dispatch_occurrence_watch WHERE state = 'dead'),
+       (SELECT count(*) FROM dispatch_occurrence_watch WHERE state = 'running'),
+       (SELECT count(*) FROM dispatch_occurrence_watch WHERE state = 'running' AND lease_expires_at < clock_timestamp())
 """
 
 METRICS_LIVE_PROCESSES = """
