@@ -13,7 +13,7 @@ a day without vacuum leaves.
 3. A sampler polls the outbox (size, unsettled envelopes and how long each took to settle), each role's memory and
    the hot tables' dead rows (dispatch/bench/sampling.py).
 4. Once every fire of the window has run (or a deadline passed), the durable record gives the lags, lost fires,
-   duplicate runs and the bytes each fire left in the occurrence, attempt and outbox tables.
+   duplicate runs and the bytes each fire left in the occurrence (with its watch), attempt and outbox tables.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ the due instant. Start lag is the first attempt's start minus the due instant, c
 burst's instant until its last fire has run, the steady fires due meanwhile queue behind it on the workers (the queue
 is FIFO, and a burst of 100,000 is seconds of the workers' time), so those are reported apart. Settle lag is how long
 a confirmed envelope waited before its occurrences were stamped (the relay's own histogram). Bytes per fire are the
-occurrence, attempt and outbox tables with their indexes, divided by the occurrences they hold at the end.
+occurrence (with its watch), attempt and outbox tables with their indexes, divided by the occurrences they hold at
+the end.
 """
 
 from __future__ import annotations
