@@ -20,7 +20,7 @@ from core.choices import ScheduleState
 from core.clock import db_now
 from dispatch.errors import ReplayRefused
 from dispatch.identity import manual_occurrence_id_for, occurrence_id_for
-from dispatch.models import IN_FLIGHT_STATES, UNCLAIMED_STATES, Occurrence, OccurrenceState
+from dispatch.models import IN_FLIGHT_STATES, UNCLAIMED_STATES, Occurrence, OccurrenceState, OccurrenceWatch
 from dispatch.occurrence_rows import write_envelopes, write_occurrences
 from dispatch.outbox import Fire, enqueue
 from dispatch.planning import MISSED, Plan, PlannedOccurrence, due_schedule_of, plan_schedule
@@ -198,8 +198,9 @@ def earliest_pending_fire(schedule_id: uuid.UUID, now: datetime) -> datetime | N
 
 
 def in_flight_occurrences(schedule_id: uuid.UUID) -> list[InFlight]:
-    """What a worker has already claimed and may still run; a cancel cannot withdraw it."""
-    rows = Occurrence.objects.filter(schedule_id=schedule_id, state__in=IN_FLIGHT_STATES).values_list(
+    """What a worker has already claimed and may still run; a cancel cannot withdraw it. From the watch table
+    (its index watch_active_by_schedule), not the schedule's whole history."""
+    rows = OccurrenceWatch.objects.filter(schedule_id=schedule_id, state__in=IN_FLIGHT_STATES).values_list(
         "occurrence_id", "state"
     )
     return [InFlight(occurrence_id=oid, state=state) for oid, state in rows]

@@ -281,7 +281,8 @@ def _drop_day(
                 raise _ChangedDuringCheck
         for _, name in present:
             cursor.execute(maintenance_sql.DROP_PARTITION.format(partition=name))
-        cursor.execute(maintenance_sql.FORGET_WATCHED_DAY, {"start": start, "end": end})
+        if occurrences is not None:  # else the day's occurrences live in DEFAULT, and their watch rows with them
+            cursor.execute(maintenance_sql.FORGET_WATCHED_DAY, {"start": start, "end": end})
     for _, name in present:
         logger.info("dropped partition %s (past the retention, every fire finished)", name, extra={"action": "prune"})
 

@@ -18,6 +18,7 @@ a day without vacuum leaves.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import math
 import os
@@ -298,10 +299,12 @@ class SteadyBenchmark(DrainBenchmark):
                 {"start": self.window_start, "end": self.window_end, "t": self.tenant_ids},
             )
             lags = {int(row[0]): row[1:] for row in cursor.fetchall()}
+        roles = sorted(readings.rss)
         with open(path, "w", newline="") as out:
             writer = csv.writer(out)
             writer.writerow(
                 ["at_s", "outbox_rows", "unsettled", "oldest_unsettled_s", "lag_p50_s", "lag_p99_s", "start_lag_p99_s"]
+                + [f"{role}_rss_mb" for role in roles]
             )
             for sample in readings.samples:
                 p50, p99, start_p99 = lags.get(int(math.floor(sample.at / 10) * 10), (None, None, None))
@@ -315,7 +318,14 @@ class SteadyBenchmark(DrainBenchmark):
                         "" if p99 is None else round(float(p99), 3),
                         "" if start_p99 is None else round(float(start_p99), 3),
                     ]
+                    + [_reading_at(readings.rss[role], sample.at) for role in roles]
                 )
+
+
+def _reading_at(series: list[tuple[float, float]], at: float) -> float | str:
+    """The last reading of a time-ordered series taken at or before `at` ("" before the first)."""
+    index = bisect.bisect_right(series, at, key=lambda reading: reading[0])
+    return series[index - 1][1] if index else ""
 
 
 def _next_whole_ten_minutes(after: datetime) -> datetime:

@@ -115,7 +115,7 @@ RETURNING occurrence_id, id
 """
 
 # Overlap: another occurrence of the schedule running under a live lease (its id goes into the reason). Read from
-# dispatch_occurrence_watch (its index watch_by_schedule), which holds the running and waiting occurrences in the
+# dispatch_occurrence_watch (its index watch_active_by_schedule), which holds the running and waiting occurrences in the
 # same transaction as the occurrence table; an expired lease does not count, its occurrence is the reaper's.
 SIBLING_RUNNING = """
 SELECT occurrence_id FROM dispatch_occurrence_watch
@@ -421,7 +421,7 @@ WHERE a.id = u.attempt_id AND a.scheduled_for = u.scheduled_for
 
 # queue_one: the predecessor stopped running, so the occurrence held behind it is due now rather than at its next
 # recheck; otherwise a newer fire arriving in between would find nothing running and skip it. The caller writes
-# the new envelope for the returned row. The held rows are found in the watch (watch_by_schedule); the conditions
+# the new envelope for the returned row. The held rows are found in the watch (watch_active_by_schedule); the conditions
 # are checked again on the occurrence row itself.
 RELEASE_HELD = """
 UPDATE dispatch_occurrence AS o

@@ -149,8 +149,8 @@ PARTITION_WRITES = """
 SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_all_tables WHERE relid = %s::regclass
 """
 # Under the drop's locks: a fire of the day re-opened since the check (a replay, a backfill, a catch-up) is still
-# in the outbox, or already claimed (running, retry_wait: dispatch_occurrence_watch, a small table, rather than a
-# read of the whole day while its locks are held).
+# in the outbox, or already claimed (running, retry_wait: the fires in flight, through the watch's partial index
+# watch_active_by_schedule, rather than a read of the whole day while its locks are held).
 DAY_REOPENED = """
 SELECT EXISTS (SELECT 1 FROM dispatch_occurrence_watch
                WHERE state IN ('running', 'retry_wait') AND scheduled_for >= %(start)s AND scheduled_for < %(end)s)
@@ -163,9 +163,10 @@ SELECT EXISTS (SELECT 1 FROM dispatch_occurrence_watch
 LOCK_PARENT_ONLY = 'LOCK TABLE ONLY "public"."{parent}" IN ACCESS EXCLUSIVE MODE'
 LOCK_PARTITION = 'LOCK TABLE "public"."{partition}" IN ACCESS EXCLUSIVE MODE'
 DROP_PARTITION = 'DROP TABLE IF EXISTS "public"."{partition}"'
-# A dropped day's rows leave the watch with it (its dead fires): a DROP fires no trigger.
+# A dropped day's dead fires leave the watch with it (a DROP fires no trigger); DAY_REOPENED found none of its fires
+# in the other watched states. Through watch_dead_by_day.
 FORGET_WATCHED_DAY = """
-DELETE FROM dispatch_occurrence_watch WHERE scheduled_for >= %(start)s AND scheduled_for < %(end)s
+DELETE FROM dispatch_occurrence_watch WHERE state = 'dead' AND scheduled_for >= %(start)s AND scheduled_for < %(end)s
 """
 
 # Rows older than the retention that sat in DEFAULT (no partition existed for their day when written): finished

@@ -8,21 +8,22 @@ from typing import Any
 
 import django_filters
 from django import forms
-from django.db.models import TextChoices
+from django.db.models import Exists, OuterRef, QuerySet, TextChoices
 from drf_spectacular.utils import extend_schema_field
 
 from core.choices import ScheduleState
-from dispatch.models import Occurrence, OccurrenceState
+from dispatch.models import WATCHED_STATES, Occurrence, OccurrenceState, OccurrenceWatch
 from schedules.api.schema import INSTANT, query_text
 from schedules.api.serializers import INSTANT_ERRORS, InstantInvalid, parse_instant
 from schedules.models import Schedule
 
 
-def choice_filter(choices: type[TextChoices]) -> django_filters.ChoiceFilter:
+def choice_filter(choices: type[TextChoices], **options: Any) -> django_filters.ChoiceFilter:
     # The message names the choices, not the input (Django's default echoes the value back).
     return django_filters.ChoiceFilter(
         choices=choices.choices,
         error_messages={"invalid_choice": f"Must be one of: {', '.join(choices.values)}."},
+        **options,
     )
 
 
@@ -72,9 +73,10 @@ class OccurrenceFilterForm(forms.Form):
 
 class OccurrenceFilter(django_filters.FilterSet):
     """The time range compares scheduled_for itself, the partition key, so PostgreSQL scans only the days of
-    the range: a tenant's listing of a day stays cheap however many days of occurrences are kept."""
+    the range: a tenant's listing of a day stays cheap however many days of occurrences are kept. A state the
+    engine watches (running, retry_wait, dead: the DLQ) is found through the watch table, whatever the range."""
 
-    state = choice_filter(OccurrenceState)
+    state = choice_filter(OccurrenceState, method="filter_state")
     schedule = django_filters.UUIDFilter(field_name="schedule_id", help_text="The id of one of the schedules.")
     # A half-open range [after, before): consecutive windows neither overlap nor leave a gap.
     scheduled_after = scheduled("gte", "Scheduled at or after this instant.")
@@ -84,3 +86,17 @@ class OccurrenceFilter(django_filters.FilterSet):
         model = Occurrence
         fields = ["state", "schedule", "scheduled_after", "scheduled_before"]
         form = OccurrenceFilterForm
+
+    def filter_state(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
+        queryset = queryset.filter(state=value)
+        if value not in WATCHED_STATES:
+            return queryset
+        # The tenant's watch rows in that state drive the read, each probing its occurrence's primary key (the
+        # tenant is named as a constant so the planner starts from them).
+        watched = OccurrenceWatch.objects.filter(
+            occurrence_id=OuterRef("occurrence_id"),
+            scheduled_for=OuterRef("scheduled_for"),
+            state=value,
+            tenant_id=self.request.tenant.id,
+        )
+        return queryset.filter(Exists(watched))

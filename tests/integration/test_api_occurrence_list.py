@@ -106,6 +106,25 @@ def test_the_state_filter_keeps_only_that_state(api, two_schedules):
     assert ids(api.get(OCCURRENCES, {"state": "dead"})) == [str(dead.occurrence_id)]
 
 
+def test_a_watched_state_lists_the_tenants_own_fires_of_any_day_newest_first(api, two_schedules, tenant_b):
+    """dead, running and retry_wait are read from the watch table (no range needed, the DLQ of the whole
+    retention); another tenant's fires in the same state stay out."""
+    first, second = two_schedules
+    older = occurrence_for(first, at=NOON - timedelta(days=20), state=OccurrenceState.DEAD)
+    newer = occurrence_for(second, at=NOON, state=OccurrenceState.DEAD)
+    running = occurrence_for(first, at=NOON - timedelta(minutes=5), state=OccurrenceState.RUNNING)
+    waiting = occurrence_for(second, at=NOON - timedelta(minutes=5), state=OccurrenceState.RETRY_WAIT)
+    others = schedule_for(tenant_b.tenant, name="other-tenant")
+    occurrence_for(others, at=NOON, state=OccurrenceState.DEAD)
+    occurrence_for(others, at=NOON - timedelta(minutes=1), state=OccurrenceState.RUNNING)
+
+    assert ids(api.get(OCCURRENCES, {"state": "dead"})) == [str(newer.occurrence_id), str(older.occurrence_id)]
+    assert ids(api.get(OCCURRENCES, {"state": "running"})) == [str(running.occurrence_id)]
+    assert ids(api.get(OCCURRENCES, {"state": "retry_wait"})) == [str(waiting.occurrence_id)]
+    in_range = {"state": "dead", "scheduled_after": text(NOON - timedelta(days=1))}
+    assert ids(api.get(OCCURRENCES, in_range)) == [str(newer.occurrence_id)]
+
+
 def test_the_schedule_filter_keeps_only_that_schedule(api, two_schedules):
     first, second = two_schedules
     mine = [occurrence_for(second, at=NOON - timedelta(hours=n)) for n in range(2)]

@@ -9,7 +9,6 @@ lost, and figures only the real processes produce (their peak memory, the broker
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,9 +21,15 @@ from pathlib import Path
 import psycopg
 import pytest
 from django.conf import settings
-from psycopg import sql
 
 from dispatch.bench.peer_beat import beat_installed
+from tests.integration.databases import (
+    database_url,
+    deployment_env,
+    drop_database,
+    fresh_database,
+    manage_on,
+)
 from tests.integration.processes import ROOT
 
 pytestmark = pytest.mark.slow
@@ -102,58 +107,14 @@ class BenchRun:
         return json.loads(lines[-1])
 
 
-def _admin_connection() -> psycopg.Connection:
-    params = settings.DATABASES["default"]
-    return psycopg.connect(
-        host=params.get("HOST") or "127.0.0.1",
-        port=params.get("PORT") or 5432,
-        user=params.get("USER") or "postgres",
-        dbname="postgres",
-        autocommit=True,
-    )
-
-
-def _database_url(name: str) -> str:
-    params = settings.DATABASES["default"]
-    return (
-        f"postgres://{params.get('USER') or 'postgres'}@{params.get('HOST') or '127.0.0.1'}:"
-        f"{params.get('PORT') or 5432}/{name}"
-    )
-
-
-def _bench_env(database: str) -> dict[str, str]:
-    env = {**os.environ, "DATABASE_URL": _database_url(database), "SCHEDULER_LOG_LEVEL": "WARNING"}
-    env.pop("DJANGO_SETTINGS_MODULE", None)  # the deployment's settings, as an operator runs it
-    return env
-
-
-def _fresh_database(name: str) -> None:
-    with _admin_connection() as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    _manage(name, "migrate", "--noinput", "-v", "0")
-
-
 def _manage(database: str, *args: str) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), *args],
-        env=_bench_env(database),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    done = manage_on(database, *args, timeout=180)
     assert done.returncode == 0, f"manage.py {args[0]} on {database} failed:\n{done.stderr[-4000:]}"
 
 
 def _query(database: str, statement: str, params: list) -> list[tuple]:
-    with psycopg.connect(_database_url(database)) as conn:
+    with psycopg.connect(database_url(database)) as conn:
         return conn.execute(statement, params).fetchall()
-
-
-def _drop_database(name: str) -> None:
-    with _admin_connection() as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture(scope="module")
@@ -164,14 +125,14 @@ def bench_runs() -> Iterator[dict[str, BenchRun]]:
     try:
         for name in BENCHES:
             database = f"{base}_{name.replace('-', '_')}"
-            _fresh_database(database)
+            fresh_database(database)
             others_before = None
             if name == "fairness":
                 _manage(database, "shell", "-c", _OTHER_TENANT_SETUP)
                 others_before = _query(database, _OTHER_TENANT_ROWS, [OTHER_TENANT])
             process = subprocess.Popen(
                 [sys.executable, str(ROOT / "manage.py"), "bench", *BENCHES[name]],
-                env=_bench_env(database),
+                env=deployment_env(database),
                 cwd=ROOT,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -197,7 +158,7 @@ def bench_runs() -> Iterator[dict[str, BenchRun]]:
             if run.process.poll() is None:
                 run.process.kill()
                 run.process.wait()
-            _drop_database(run.database)
+            drop_database(run.database)
 
 
 @pytest.mark.parametrize("name", list(BENCHES))
@@ -296,10 +257,10 @@ def _alive(pid: int) -> bool:
 def test_a_killed_benchmark_takes_its_processes_with_it(how):
     """Left behind, a bench's relay kept publishing the next run's envelopes (same database and queue names)."""
     database = f"{settings.DATABASES['default']['NAME']}_bench_killed_{how.lower()}"
-    _fresh_database(database)
+    fresh_database(database)
     bench = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "bench", "burst", "--schedules", "50", "--tenants", "1", *TINY],
-        env=_bench_env(database),
+        env=deployment_env(database),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -326,4 +287,4 @@ def test_a_killed_benchmark_takes_its_processes_with_it(how):
         if bench.poll() is None:
             bench.kill()
             bench.wait()
-        _drop_database(database)
+        drop_database(database)

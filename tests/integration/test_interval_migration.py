@@ -3,22 +3,16 @@ up on a lock it cannot get instead of queueing every write behind it, and valida
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import psycopg
 import pytest
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from psycopg import sql
 
 from schedules.models import Schedule
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.integration.databases import admin_connection, drop_database, fresh_database, manage_on
 
 
 @pytest.mark.parametrize(
@@ -33,50 +27,15 @@ def test_the_database_refuses_an_interval_row_without_a_positive_period_and_an_a
         Schedule.objects.filter(pk=schedule.pk).update(**change)
 
 
-def _admin(dbname: str = "postgres") -> psycopg.Connection:
-    params = settings.DATABASES["default"]
-    return psycopg.connect(
-        host=params.get("HOST") or "127.0.0.1",
-        port=params.get("PORT") or 5432,
-        user=params.get("USER") or "postgres",
-        dbname=dbname,
-        autocommit=True,
-    )
-
-
-def _manage(database: str, *args: str) -> subprocess.CompletedProcess:
-    params = settings.DATABASES["default"]
-    url = (
-        f"postgres://{params.get('USER') or 'postgres'}@{params.get('HOST') or '127.0.0.1'}:"
-        f"{params.get('PORT') or 5432}/{database}"
-    )
-    env = {**os.environ, "DATABASE_URL": url, "SCHEDULER_LOG_LEVEL": "WARNING"}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    return subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 @pytest.fixture
 def database_before_intervals() -> Iterator[str]:
     """A database of its own, migrated, then taken back to the last schedules migration before interval schedules."""
     name = f"{settings.DATABASES['default']['NAME']}_interval_migration"
-    with _admin() as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    fresh_database(name, "schedules", "0007")
     try:
-        for args in (("migrate", "--noinput", "-v", "0"), ("migrate", "schedules", "0007", "--noinput", "-v", "0")):
-            done = _manage(name, *args)
-            assert done.returncode == 0, done.stderr[-4000:]
         yield name
     finally:
-        with _admin() as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        drop_database(name)
 
 
 def _columns(connection: psycopg.Connection, table: str) -> set[str]:
@@ -88,13 +47,13 @@ def _columns(connection: psycopg.Connection, table: str) -> set[str]:
 
 @pytest.mark.slow
 def test_the_interval_migration_gives_up_on_a_held_lock_then_applies_and_validates_the_rule(database_before_intervals):
-    with _admin(database_before_intervals) as blocker:
+    with admin_connection(database_before_intervals) as blocker:
         # A long transaction that has read the cursor table (a materializer batch, a report): ALTER TABLE needs the
         # table to itself and would otherwise wait for it, with every schedule write queued behind the ALTER.
         blocker.autocommit = False
         blocker.execute("SELECT count(*) FROM schedules_schedulecursor").fetchone()
 
-        held = _manage(database_before_intervals, "migrate", "schedules", "--noinput")
+        held = manage_on(database_before_intervals, "migrate", "schedules", "--noinput")
 
         assert held.returncode != 0
         assert "lock timeout" in held.stderr
@@ -103,7 +62,7 @@ def test_the_interval_migration_gives_up_on_a_held_lock_then_applies_and_validat
         assert "every_seconds" not in _columns(blocker, "schedules_schedule")
         assert "every_seconds" not in _columns(blocker, "schedules_schedulecursor")
 
-        free = _manage(database_before_intervals, "migrate", "schedules", "--noinput")
+        free = manage_on(database_before_intervals, "migrate", "schedules", "--noinput")
 
         assert free.returncode == 0, free.stderr[-4000:]
         blocker.rollback()

@@ -24,7 +24,7 @@ from django.test import Client
 from core.clock import db_now
 from dispatch import counters, partitions
 from dispatch import upkeep as upkeep_module
-from dispatch.models import Occurrence, OutboxMessage
+from dispatch.models import Occurrence, OccurrenceWatch, OutboxMessage
 from dispatch.upkeep import LARGE_LANE, SMALL_LANE, Upkeep
 from tests.integration.processes import process_env, run_manage
 from tests.integration.test_faults_time import drop_partitions_from
@@ -181,6 +181,53 @@ def test_rows_in_default_past_the_retention_go_only_once_finished(tenant_a, make
     assert list(Occurrence.objects.filter(schedule_id=schedule.id).values_list("occurrence_id", flat=True)) == [
         pending.occurrence_id
     ]
+
+
+def watched(schedule_id) -> dict[str, str]:
+    """The schedule's occurrences the watch table holds (migration 0017), by id."""
+    return {
+        str(oid): state
+        for oid, state in OccurrenceWatch.objects.filter(schedule_id=schedule_id).values_list("occurrence_id", "state")
+    }
+
+
+def test_a_day_dropped_past_the_retention_takes_its_dead_fires_out_of_the_watch(
+    tenant_a, make_schedule, make_occurrence
+):
+    """A DROP fires no trigger: the dead-letter queue must not keep fires whose rows are gone (replay --dead would
+    find nothing to replay, the DLQ count would never come down)."""
+    old = db_now() - timedelta(days=settings.SCHEDULER_RETENTION_DAYS + 7)
+    partitions.ensure_partitions(connection, old.date(), old.date())
+    schedule = make_schedule(tenant_a.tenant, name="dead-and-gone")
+    dead = make_occurrence(schedule, at=old, state="dead")
+    kept = make_occurrence(schedule, at=db_now() - timedelta(hours=1), state="dead")
+    assert watched(schedule.id) == {str(dead.occurrence_id): "dead", str(kept.occurrence_id): "dead"}
+
+    command("prune_occurrences")
+
+    assert old.date() not in days_of()
+    assert watched(schedule.id) == {str(kept.occurrence_id): "dead"}
+
+
+def test_a_day_with_only_its_attempts_partition_leaves_the_watch_of_its_fires_in_default_alone(
+    tenant_a, make_schedule, make_occurrence
+):
+    """A day whose fires were written to DEFAULT (it had no partition then) gets an attempts partition later but
+    never an occurrences one; dropping that attempts partition must leave the day's fires in DEFAULT watched, or a
+    fire waiting for its retry would never be released and a dead one never replayed."""
+    old = db_now() - timedelta(days=settings.SCHEDULER_RETENTION_DAYS + 40)
+    schedule = make_schedule(tenant_a.tenant, name="attempts-only")
+    waiting = make_occurrence(schedule, at=old, state="retry_wait")
+    dead = make_occurrence(schedule, at=old + timedelta(minutes=1), state="dead")
+    report = partitions.ensure_partitions(connection, old.date(), old.date())
+    assert report.refused == [partitions.partition_name(partitions.OCCURRENCES, old.date())]
+    assert old.date() in days_of("dispatch_attempt")
+
+    out = command("prune_occurrences")
+
+    assert old.date() not in days_of("dispatch_attempt"), out
+    assert watched(schedule.id) == {str(waiting.occurrence_id): "retry_wait"}, "the dead one was deleted from DEFAULT"
+    assert not Occurrence.objects.filter(occurrence_id=dead.occurrence_id).exists()
 
 
 # --- vacuum --------------------------------------------------------------------------------------------------------
