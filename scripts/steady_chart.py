@@ -1,5 +1,5 @@
-"""Draws the steady benchmark's chart: enqueue lag (p50, p99 per ten seconds), the sampled start lag p99 and the
-outbox over the window.
+"""Draws the steady benchmark's chart: enqueue lag (p50, p99 per ten seconds), the sampled start lag p99, the
+outbox and, when the series has it, each role's resident memory over the window.
 
 Input: the CSV written by `bench steady --series-out` (one row per outbox sample). Needs matplotlib
 (requirements-bench.txt).
@@ -30,7 +30,10 @@ def main(argv: list[str]) -> int:
     with open(path, newline="") as handle:
         rows = [row for row in csv.DictReader(handle) if float(row["at_s"]) >= 0]
     minutes = [float(row["at_s"]) / 60 for row in rows]
-    figure, (lag_axis, outbox_axis) = plt.subplots(2, 1, figsize=(10, 6.5), dpi=110, sharex=True)
+    memory_columns = [name for name in (rows[0] if rows else {}) if name.endswith("_rss_mb")]
+    panels = 3 if memory_columns else 2
+    figure, axes = plt.subplots(panels, 1, figsize=(10, 3.25 * panels), dpi=110, sharex=True)
+    lag_axis, outbox_axis = axes[0], axes[1]
     for name, label, style in (("lag_p99_s", "p99", "-"), ("lag_p50_s", "p50", ":")):
         values = column(rows, name)
         points = [(m, v) for m, v in zip(minutes, values, strict=True) if v is not None]
@@ -49,9 +52,19 @@ def main(argv: list[str]) -> int:
     outbox_axis.plot(minutes, column(rows, "outbox_rows"), color="#2e7d32", label="outbox rows")
     outbox_axis.plot(minutes, column(rows, "unsettled"), color="#ef6c00", label="confirmed, not settled")
     outbox_axis.set_ylabel("envelopes")
-    outbox_axis.set_xlabel("minutes into the window")
     outbox_axis.legend(loc="upper right", fontsize=8)
     outbox_axis.grid(True, alpha=0.3)
+    if memory_columns:  # written by the benchmark since it samples each role's memory into the series
+        memory_axis = axes[2]
+        for name in memory_columns:
+            points = [(m, v) for m, v in zip(minutes, column(rows, name), strict=True) if v is not None]
+            if points:
+                memory_axis.plot(*zip(*points, strict=True), label=name.removesuffix("_rss_mb"))
+        memory_axis.axvline(5.0, color="#777777", linestyle=":", linewidth=1, label="growth measured from here")
+        memory_axis.set_ylabel("resident MiB")
+        memory_axis.legend(loc="upper left", fontsize=8)
+        memory_axis.grid(True, alpha=0.3)
+    axes[-1].set_xlabel("minutes into the window")
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(out)
