@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 
 import psycopg
@@ -99,3 +101,14 @@ def fresh_database(name: str, *migrate_to: str) -> None:
     _create(name, template=_migrated_template())
     if migrate_to:
         _migrate(name, *migrate_to)
+
+
+@contextmanager
+def own_database(suffix: str, *migrate_to: str) -> Iterator[str]:
+    """A fresh database named after the test database and `suffix` (see fresh_database), dropped afterwards."""
+    name = f"{settings.DATABASES['default']['NAME']}_{suffix}"
+    fresh_database(name, *migrate_to)
+    try:
+        yield name
+    finally:
+        drop_database(name)

@@ -8,11 +8,10 @@ from datetime import UTC, datetime
 
 import psycopg
 import pytest
-from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from schedules.models import Schedule
-from tests.integration.databases import admin_connection, drop_database, fresh_database, manage_on
+from tests.integration.databases import admin_connection, manage_on, own_database
 
 
 @pytest.mark.parametrize(
@@ -30,12 +29,8 @@ def test_the_database_refuses_an_interval_row_without_a_positive_period_and_an_a
 @pytest.fixture
 def database_before_intervals() -> Iterator[str]:
     """A database of its own, migrated, then taken back to the last schedules migration before interval schedules."""
-    name = f"{settings.DATABASES['default']['NAME']}_interval_migration"
-    fresh_database(name, "schedules", "0007")
-    try:
+    with own_database("interval_migration", "schedules", "0007") as name:
         yield name
-    finally:
-        drop_database(name)
 
 
 def _columns(connection: psycopg.Connection, table: str) -> set[str]:

@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from django.conf import settings
 
-from tests.integration.databases import admin_connection, drop_database, fresh_database, manage_on
+from tests.integration.databases import admin_connection, manage_on, own_database
 
 STATES = ("scheduled", "running", "retry_wait", "succeeded", "dead", "canceled")
 OLD_INDEXES = {"occurrence_dead", "occurrence_running_lease", "occurrence_active_by_schedule"}
@@ -16,12 +15,8 @@ OLD_INDEXES = {"occurrence_dead", "occurrence_running_lease", "occurrence_active
 
 @pytest.fixture
 def database_before_the_watch() -> Iterator[str]:
-    name = f"{settings.DATABASES['default']['NAME']}_watch_migration"
-    fresh_database(name, "dispatch", "0016")
-    try:
+    with own_database("watch_migration", "dispatch", "0016") as name:
         yield name
-    finally:
-        drop_database(name)
 
 
 def _indexes(connection) -> set[str]:
