@@ -40,6 +40,8 @@ SLOW_POLL_SECONDS = 5.0
 # stalls are reported with the run (`host_stalls`), so a run that had one can be told apart.
 STALL_TICK_SECONDS = 0.2
 STALL_SECONDS = 2.0
+# The settle-lag target's bound: the series counts the envelopes settled later than this, as they accumulate.
+SETTLE_LATE_SECONDS = 2.0
 
 
 def tree_rss_mb(pid: int) -> float | None:
@@ -79,6 +81,9 @@ class Readings:
     dead_tuples_max: dict[str, int] = field(default_factory=dict)
     # [(seconds since the window opened, seconds the host stood still)]
     host_stalls: list[tuple[float, float]] = field(default_factory=list)
+    # [(seconds since the window opened, envelopes settled so far, of them after SETTLE_LATE_SECONDS or more)], from the
+    # relay's stored histogram: when in the window the settle tail formed.
+    settled: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 class Sampler:
@@ -122,6 +127,7 @@ class Sampler:
                 if started >= next_slow:
                     self._sample_memory(db)
                     self._sample_dead_tuples(db)
+                    self._sample_settled(db)
                     next_slow = started + SLOW_POLL_SECONDS
                 took = time.monotonic() - started
                 self._stop.wait(max(OUTBOX_POLL_SECONDS, took / OUTBOX_POLL_SHARE) - took)
@@ -161,6 +167,22 @@ class Sampler:
             sizes = [size for size in (tree_rss_mb(pid) for pid in pids) if size is not None]
             if sizes:
                 self.readings.rss.setdefault(role, []).append((round(at, 1), round(sum(sizes), 1)))
+
+    def _sample_settled(self, db: psycopg.Connection) -> None:
+        """Envelopes settled so far and those settled SETTLE_LATE_SECONDS or more after their stamp (the histogram's
+        buckets above that bound), as the relay last flushed them."""
+        row = db.execute(
+            """
+            SELECT clock_timestamp(), COALESCE(sum(value), 0),
+                   COALESCE(sum(value) FILTER (WHERE (labels->>'le')::float8 > %s), 0)
+            FROM dispatch_metric_counter WHERE name = 'scheduler_settle_lag_seconds_bucket'
+            """,
+            [SETTLE_LATE_SECONDS],
+        ).fetchone()
+        assert row is not None
+        now, settled, late = row
+        at = (now - self.window_start).total_seconds()
+        self.readings.settled.append((round(at, 1), float(settled), float(late)))
 
     def _sample_dead_tuples(self, db: psycopg.Connection) -> None:
         rows = db.execute(

@@ -305,7 +305,10 @@ class SteadyBenchmark(DrainBenchmark):
             writer.writerow(
                 ["at_s", "outbox_rows", "unsettled", "oldest_unsettled_s", "lag_p50_s", "lag_p99_s", "start_lag_p99_s"]
                 + [f"{role}_rss_mb" for role in roles]
+                + ["settled", "settled_late"]
             )
+            settled = [(at, total) for at, total, _ in readings.settled]
+            settled_late = [(at, late) for at, _, late in readings.settled]
             for sample in readings.samples:
                 p50, p99, start_p99 = lags.get(int(math.floor(sample.at / 10) * 10), (None, None, None))
                 writer.writerow(
@@ -319,6 +322,7 @@ class SteadyBenchmark(DrainBenchmark):
                         "" if start_p99 is None else round(float(start_p99), 3),
                     ]
                     + [_reading_at(readings.rss[role], sample.at) for role in roles]
+                    + [_reading_at(settled, sample.at), _reading_at(settled_late, sample.at)]
                 )
 
 
