@@ -266,7 +266,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("SCHEDULER_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # The AMQP clients log every frame at DEBUG: at SCHEDULER_LOG_LEVEL=DEBUG a relay wrote ~30 lines a publish,
+    # burying the product's own lines and slowing the loop it was meant to explain.
+    "loggers": {name: {"level": "WARNING"} for name in ("django.db.backends", "aio_pika", "aiormq")},
 }
 
 # Hosts that serve the operator console, /metrics and /healthz (the public schema).

@@ -198,9 +198,9 @@ class Relay:
             loop.return_free_memory()  # a burst's staged bodies are out: their pages go back (dispatch/engine/loop.py)
         # A full batch means a burst: more is due at once, and the settler holds back while it is released.
         if done >= self.batch_size:
-            self.settler.quiet.clear()
+            self.settler.hold_back()
         else:
-            self.settler.quiet.set()
+            self.settler.go_ahead()
         return done > 0
 
     async def publish_due(self) -> int:
@@ -433,9 +433,11 @@ class Relay:
         """Step until stopped (dispatch/engine/loop.py, its async face). A failure (PostgreSQL or the broker
         restarting, a blocked connection, a deleted queue, publishes timing out) ends no process: the relay backs
         off (capped, logged once per outage), reconnects what broke, re-declares its queues and goes on; the
-        unstamped envelopes are simply published again."""
+        unstamped envelopes are simply published again. Settling runs beside it on a thread of its own."""
         logger.info("relay %s started", self.name, extra={"action": "start"})
-        settling = None if once else asyncio.create_task(self.settler.run(self.stop))
+        if not once:
+            self.settler.start_thread()
+        ended_idle = False
         try:
             ended_idle = await run_loop_async(
                 self._connected_step,
@@ -446,12 +448,11 @@ class Relay:
                 outage=Outage(),
                 while_out=self._heartbeat_if_connected,
             )
-            if ended_idle:
+            if ended_idle and once:
                 await self.settler.settle_all()
         finally:
-            if settling is not None:
-                settling.cancel()
-                await asyncio.gather(settling, return_exceptions=True)
+            if not once:  # its last pass, when the loop ended idle, settles what this relay stamped
+                await asyncio.to_thread(self.settler.stop_thread, final_pass=ended_idle)
             await self.forget_heartbeat()
             await self.close()
             logger.info("relay %s stopped: %s", self.name, self.stats, extra={"action": "stop"})
@@ -473,8 +474,7 @@ class Relay:
             self._channel = None
 
     async def _heartbeat_if_connected(self) -> None:
-        """While backing off from an outage the loop still writes its heartbeat when PostgreSQL answers: it is
-        alive, only waiting."""
+        """Backing off from an outage, the loop still writes its heartbeat when PostgreSQL answers: alive, waiting."""
         if self._db is not None and not self._db.closed and not self._db.broken:
             try:
                 await self.heartbeat()

@@ -266,7 +266,10 @@ SELECT (SELECT count(*) FROM seen),
        (SELECT array_agg(EXTRACT(EPOCH FROM clock_timestamp() - published_at)::float8) FROM settled),
        (SELECT count(*) FROM settled WHERE NOT """
     + SMALL_ENVELOPE
-    + """)
+    + """),
+       -- How long the statement held its locks, on the server: the settler sizes its next batch by this, not by
+       -- its own wait, which includes every callback its process ran meanwhile (dispatch/engine/settler.py).
+       EXTRACT(EPOCH FROM clock_timestamp() - statement_timestamp())::float8
 """
 )
 
