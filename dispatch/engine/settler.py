@@ -258,11 +258,10 @@ class Settler:
             counters.SETTLE_LAG.observe(max(0.0, float(lag)))
         settled = len(settle_lags)
         self.stats.settled_envelopes += settled
-        # Sized by the time the statement held its row locks on the server. The time this task waited for it also
-        # holds every callback the publisher's task ran meanwhile: while a burst was released (thousands of
-        # publishes in flight on the same event loop), 62 envelopes "took" 0.24 s and 250 took 0.55 s, the batch
-        # was halved to 31 and settling fell to ~600 envelopes a second while ~1,700 a second were stamped (the
-        # steady bench: envelopes waited up to 13 s, settle lag p99 4.5 s).
+        # Sized by the time the statement held and waited for its row locks on the server, what the bound is for.
+        # The time this side waited for the result also held whatever else the process ran meanwhile: sharing the
+        # publisher's event loop while a burst was released, 62 envelopes "took" 0.24 s and 250 took 0.55 s, the
+        # batch was halved to 31, and settling fell to ~600 envelopes a second while ~1,700 a second were stamped.
         held = float(row[3]) if row is not None and row[3] is not None else waited
         resized = next_batch_size(batch, settled=settled, seconds=held, most=self.most)
         if big:

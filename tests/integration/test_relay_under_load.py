@@ -79,3 +79,32 @@ def test_a_batch_that_could_not_be_published_raises_so_the_relay_backs_off(tenan
 
     assert OutboxMessage.objects.filter(published_at__isnull=True).count() == 3, "nothing stamped unsent"
     assert relay.stats.failed_publishes == 3
+
+
+def test_settling_goes_on_while_the_publishers_loop_is_busy(tenant_a, make_schedule, make_occurrence):
+    """The settler has a thread and an event loop of its own: the publisher's loop held for seconds (a burst's
+    thousands of publish callbacks) does not hold back settling what was already stamped. On the publisher's loop,
+    nothing was settled until the loop was free again."""
+    drain_queue(STRICT_QUEUE)
+    stream_of_envelopes(make_schedule, make_occurrence, tenant_a.tenant, count=20, every=0.001)
+    relay = Relay("busy-loop-relay")
+
+    async def drive() -> int:
+        await relay.connect()
+        relay.settler.start_thread()
+        try:
+            while relay.stats.published_envelopes < 20:
+                await relay.step()
+            busy_until = time.monotonic() + 5.0
+            while time.monotonic() < busy_until and relay.stats.settled_envelopes < 20:
+                sum(range(1000))  # the publisher's loop busy with work of its own: it never yields
+            return relay.stats.settled_envelopes
+        finally:
+            await asyncio.to_thread(relay.settler.stop_thread, final_pass=False)
+            await relay.close()
+
+    settled_while_busy = asyncio.run(drive())
+
+    assert settled_while_busy == 20, "every stamped envelope was settled while the publisher's loop was busy"
+    assert OutboxMessage.objects.count() == 0
+    drain_queue(STRICT_QUEUE)
