@@ -4,7 +4,8 @@ Lag is the broker's confirmation (`enqueued_at`, or the envelope's `published_at
 the due instant. Start lag is the first attempt's start minus the due instant, counted outside the bursts: from a
 burst's instant until its last fire has run, the steady fires due meanwhile queue behind it on the workers (the queue
 is FIFO, and a burst of 100,000 is seconds of the workers' time), so those are reported apart. Settle lag is how long
-a confirmed envelope waited before its occurrences were stamped (the relay's own histogram). Bytes per fire are the
+a confirmed envelope waited before its occurrences were stamped (the relay's own histogram, over the window and its
+last envelopes). Bytes per fire are the
 occurrence (with its watch), attempt and outbox tables with their indexes, divided by the occurrences they hold at
 the end.
 """
@@ -27,7 +28,8 @@ class SteadyRun(Protocol):
     window_start: datetime | None
     window_end: datetime | None
     bursts: list[datetime]
-    settle_before: dict[float, float]
+    settle_before: dict[float, float] | None
+    settle_after: dict[float, float] | None
 
     def expected_fires(self) -> int: ...
 
@@ -39,15 +41,26 @@ POSTGRES_SETTINGS = ("shared_buffers", "max_wal_size", "checkpoint_timeout", "wa
 POSTGRES_COUNTERS = ("checkpoints_timed", "checkpoints_requested", "wal_bytes", "wal_full_page_images")
 
 
-def settle_buckets() -> dict[float, float]:
+def settle_buckets(*, waiting: bool = False) -> dict[float, float]:
     """The relay's settle-lag histogram as stored (one row per bucket, not cumulative): upper bound -> count. Read
-    before and after a run, the difference is the run's: every envelope it settled, each counted once."""
+    before and after a run, the difference is the run's: every envelope it settled, each counted once. With
+    `waiting`, each confirmed envelope not settled yet counts too, in the bucket of the wait it has had so far."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT labels->>'le', value FROM dispatch_metric_counter"
             " WHERE name = 'scheduler_settle_lag_seconds_bucket'"
         )
-        return {float(le): float(value) for le, value in cursor.fetchall()}
+        counts = {float(le): float(value) for le, value in cursor.fetchall()}
+        if waiting:
+            cursor.execute(
+                "SELECT EXTRACT(EPOCH FROM clock_timestamp() - published_at)::float8 FROM dispatch_outboxmessage"
+                " WHERE published_at IS NOT NULL"
+            )
+            bounds = sorted(counts)
+            for (age,) in cursor.fetchall():
+                bound = next((b for b in bounds if age <= b), float("inf"))
+                counts[bound] = counts.get(bound, 0.0) + 1.0
+    return counts
 
 
 def postgres_facts() -> dict[str, Any]:
@@ -161,8 +174,10 @@ def steady_stats(bench: SteadyRun, readings: Readings) -> dict[str, Any]:
         )
         start_p50, start_p99, burst_start_p99, duplicate_effects = cursor.fetchone()
         bytes_per_fire, table_mb = _bytes_per_fire(cursor)
-    after = settle_buckets()
-    run_counts = {bound: after.get(bound, 0.0) - bench.settle_before.get(bound, 0.0) for bound in after}
+    # The window's settling (dispatch/bench/steady.py SETTLE_GRACE_SECONDS); a run cut short reads it now.
+    after = bench.settle_after if bench.settle_after is not None else settle_buckets(waiting=True)
+    before = bench.settle_before or {}
+    run_counts = {bound: after.get(bound, 0.0) - before.get(bound, 0.0) for bound in after}
     expected = bench.expected_fires()
     outbox = [s.outbox_rows for s in readings.samples]
     return {
