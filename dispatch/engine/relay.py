@@ -437,7 +437,6 @@ class Relay:
         logger.info("relay %s started", self.name, extra={"action": "start"})
         if not once:
             self.settler.start_thread()
-        ended_idle = False
         try:
             ended_idle = await run_loop_async(
                 self._connected_step,
@@ -448,16 +447,17 @@ class Relay:
                 outage=Outage(),
                 while_out=self._heartbeat_if_connected,
             )
-            if ended_idle and once:
+            if ended_idle:  # --once: everything it stamped is settled before it exits
                 await self.settler.settle_all()
         finally:
-            if not once:  # its last pass, when the loop ended idle, settles what this relay stamped
-                await asyncio.to_thread(self.settler.stop_thread, final_pass=ended_idle)
+            if not once:
+                await asyncio.to_thread(self.settler.stop_thread)
             await self.forget_heartbeat()
             await self.close()
             logger.info("relay %s stopped: %s", self.name, self.stats, extra={"action": "stop"})
 
     async def _connected_step(self) -> bool:
+        self.settler.ensure_running()
         await self.connect()
         await self.heartbeat()
         return await self.step()

@@ -126,7 +126,6 @@ class Settler:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._halt = StopFlag()
-        self._final_pass = False
 
     async def connect(self) -> psycopg.AsyncConnection:
         if self._db is None or self._db.closed or self._db.broken:
@@ -150,37 +149,54 @@ class Settler:
     # --- on a thread of its own ------------------------------------------------------------------------------
 
     def start_thread(self) -> None:
-        """Settle on a thread with an event loop of its own until stop_thread. On the publisher's loop, each settle
-        statement's result waited behind every callback the publisher had queued: 0.3-1.9 s from sending to reading
-        statements the server ran in 0.02-0.07 s (the steady bench at 2,315 fires a second), and while a burst was
-        released (thousands of publishes in flight) envelopes stamped meanwhile waited up to 13 s to be settled.
-        On its own thread the result is read when it arrives: the publisher's thread hands over the interpreter
-        lock within milliseconds, and psycopg waits for the server without holding it."""
-        self._thread = threading.Thread(target=asyncio.run, args=(self._own_loop(),), name="settler", daemon=True)
+        """Settle on a thread with an event loop of its own until stop_thread (see the relay's `run_async`). On the
+        publisher's loop a statement's result is read only when the loop comes back to it, behind every callback
+        the publisher queued: while a burst was released (thousands of publishes in flight) the batch sizing read
+        those waits as slow statements and the envelopes stamped meanwhile waited up to 13 s. On its own thread the
+        result is read when it arrives: psycopg waits without the interpreter lock, and the publisher's thread
+        hands the lock over within milliseconds. Started again by `ensure_running` if it ever died."""
+        # Fresh events and loop, made before the thread starts: the publisher signals through this loop from the
+        # first step on, and an event once waited on belongs to the loop that waited.
+        self.stamped, self.quiet = asyncio.Event(), asyncio.Event()
+        self.quiet.set()
+        loop = self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_own_loop, args=(loop,), name="settler", daemon=True)
         self._thread.start()
 
+    def _run_own_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._own_loop())
+        except BaseException:
+            logger.exception("the settler's thread stopped on an error", extra={"action": "settle"})
+        finally:
+            loop.close()
+
     async def _own_loop(self) -> None:
-        self._loop = asyncio.get_running_loop()
         try:
             await self.run(self._halt)
-            if self._final_pass:
-                await self.settle_all()
-        except Exception:
-            logger.exception("the settler stopped on an error", extra={"action": "settle"})
         finally:
             with contextlib.suppress(psycopg.Error):
                 await self.close()
 
-    def stop_thread(self, *, final_pass: bool, timeout: float = 30.0) -> None:
-        """Stop the settler's thread after its current statement; with `final_pass`, after settling everything
-        stamped (a relay that ended idle leaves nothing unsettled). Blocks until the thread ended or `timeout`."""
+    def ensure_running(self) -> None:
+        """Start the thread again if it died (an error `run` did not absorb): the relay checks at every step, so its
+        stamps never go unsettled while it keeps publishing and heartbeating."""
+        if self._thread is not None and not self._thread.is_alive() and not self._halt.is_set:
+            logger.error("the settler's thread had stopped; starting it again", extra={"action": "settle"})
+            self._db = None  # its connection went with its loop
+            self.start_thread()
+
+    def stop_thread(self, timeout: float = 30.0) -> None:
+        """Stop the settler's thread after its current statement; blocks until it ended or `timeout` passed."""
         if self._thread is None:
             return
-        self._final_pass = final_pass
         self._halt.set()
         self._signal(self.stamped.set)
         self._signal(self.quiet.set)
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning("the settler's thread did not stop within %.0f s", timeout, extra={"action": "settle"})
 
     def _signal(self, action: Callable[[], None]) -> None:
         """Run `action` (an event's set or clear) on the settler's loop: asyncio events are not thread-safe."""
@@ -200,10 +216,12 @@ class Settler:
 
     def hold_back(self) -> None:
         """The publisher is releasing a full batch (a burst): settle statements wait for it, within bounds."""
-        self._signal(self.quiet.clear)
+        if self.quiet.is_set():
+            self._signal(self.quiet.clear)
 
     def go_ahead(self) -> None:
-        self._signal(self.quiet.set)
+        if not self.quiet.is_set():
+            self._signal(self.quiet.set)
 
     async def settle(self, *, min_age: float = SETTLE_AFTER_SECONDS) -> int:
         """Statements of small envelopes while they come back full (for up to SMALL_TURN_SECONDS), then one of big

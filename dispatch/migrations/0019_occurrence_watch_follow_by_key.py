@@ -7,8 +7,11 @@ the old rows once per row of that join: a worker's completion of 1,000 fires rem
 and spent 1.2 s in the trigger, holding its row locks meanwhile while the settler waited for them. Now:
 - a statement none of whose old rows was watched (a settle's scheduled -> enqueued) touches the watch only for the
   rows it moves into a watched state;
-- otherwise the keys of its new rows outside the watched states are gathered into arrays (one pass over the new rows)
-  and deleted from the watch by its primary key (`= ANY`): index probes, never a join the planner can misjudge;
+- otherwise the ids of its new rows outside the watched states are gathered into an array (one pass over the new
+  rows) and deleted from the watch through its primary key's first column (`occurrence_id = ANY`): index probes,
+  never a join the planner can misjudge. The id alone: an occurrence id names one occurrence (it is derived from its
+  schedule and instant), and a second `= ANY` on scheduled_for would make PostgreSQL 15's btree descend once for
+  every pair of the two arrays' elements;
 - a DELETE of occurrences removes their watch rows the same way.
 Rows that are watched now are upserted as before (one ON CONFLICT probe each, written only where something changed).
 """
@@ -21,7 +24,6 @@ FOLLOW = f"""
 CREATE OR REPLACE FUNCTION public.dispatch_occurrence_watch_follow() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     gone_ids uuid[];
-    gone_fors timestamptz[];
 BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO public.dispatch_occurrence_watch (occurrence_id, scheduled_for, schedule_id, tenant_id, state,
@@ -34,19 +36,14 @@ BEGIN
         RETURN NULL;
     END IF;
     IF TG_OP = 'DELETE' THEN
-        SELECT array_agg(b.occurrence_id), array_agg(b.scheduled_for) INTO gone_ids, gone_fors
-        FROM before_rows AS b WHERE b.state IN {WATCHED};
+        SELECT array_agg(b.occurrence_id) INTO gone_ids FROM before_rows AS b WHERE b.state IN {WATCHED};
     ELSIF EXISTS (SELECT 1 FROM before_rows AS b WHERE b.state IN {WATCHED}) THEN
         -- Some old row was watched: every new row outside the watched states leaves the watch (a row that was not
-        -- in it costs one probe). No statement changes scheduled_for, so the key is the same on both sides.
-        SELECT array_agg(a.occurrence_id), array_agg(a.scheduled_for) INTO gone_ids, gone_fors
-        FROM after_rows AS a WHERE a.state NOT IN {WATCHED};
+        -- in it costs one probe).
+        SELECT array_agg(a.occurrence_id) INTO gone_ids FROM after_rows AS a WHERE a.state NOT IN {WATCHED};
     END IF;
     IF gone_ids IS NOT NULL THEN
-        -- An occurrence id names one occurrence (it is derived from its schedule and instant); the instant keeps the
-        -- key whole.
-        DELETE FROM public.dispatch_occurrence_watch AS w
-        WHERE w.occurrence_id = ANY (gone_ids) AND w.scheduled_for = ANY (gone_fors);
+        DELETE FROM public.dispatch_occurrence_watch AS w WHERE w.occurrence_id = ANY (gone_ids);
     END IF;
     IF TG_OP = 'UPDATE' THEN
         -- Rows in the watched states now: written only where what the watch holds changed.

@@ -261,10 +261,12 @@ WITH small AS (
     INSERT INTO dispatch_metric_counter AS c (name, labels, value)
     SELECT name, labels, delta FROM additions ORDER BY name, labels
     ON CONFLICT (name, labels) DO UPDATE SET value = c.value + EXCLUDED.value
+    RETURNING 1
 ), written AS (
     -- Read before the clock below: a data-modifying CTE the outer query does not read runs after it, so the settle
-    -- lags were taken before the row locks were waited for and the rows written, up to a second too early.
-    SELECT count(*) AS n FROM moved
+    -- lags were taken before the row locks were waited for and the rows written, up to a second too early. (The
+    -- watch trigger and the commit still come after the clock.)
+    SELECT (SELECT count(*) FROM moved) + (SELECT count(*) FROM added) AS n
 )
 SELECT (SELECT count(*) FROM seen),
        (SELECT array_agg(EXTRACT(EPOCH FROM clock_timestamp() - s.published_at)::float8) FROM settled AS s, written),

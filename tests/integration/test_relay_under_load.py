@@ -100,7 +100,7 @@ def test_settling_goes_on_while_the_publishers_loop_is_busy(tenant_a, make_sched
                 sum(range(1000))  # the publisher's loop busy with work of its own: it never yields
             return relay.stats.settled_envelopes
         finally:
-            await asyncio.to_thread(relay.settler.stop_thread, final_pass=False)
+            await asyncio.to_thread(relay.settler.stop_thread)
             await relay.close()
 
     settled_while_busy = asyncio.run(drive())

@@ -1,8 +1,11 @@
-"""The settler's two classes: each in statements of its own, each batch sized by its own statements' duration."""
+"""The settler's two classes (each in statements of its own, each batch sized by its own statements' duration), and its
+thread (started again if it died, not once told to stop)."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,3 +99,32 @@ def test_a_stopping_relay_settles_every_class_to_the_end(monkeypatch):
     statements.waiting["big"] = 3
     assert asyncio.run(settler.settle_all()) == 3
     assert statements.waiting == {"small": 0, "big": 0}
+
+
+def test_a_settler_thread_that_died_is_started_again_and_stops_when_told(monkeypatch):
+    settler = Settler("relay-test", "", most=500, stats=Stats())
+    runs: list[str] = []
+
+    async def run(stop) -> None:
+        runs.append(threading.current_thread().name)
+        if len(runs) == 1:
+            raise RuntimeError("an error run did not absorb")
+        while not stop.is_set:
+            await asyncio.sleep(0.01)
+
+    settler.run = run  # type: ignore[method-assign]
+    settler.start_thread()
+    settler._thread.join(5)  # type: ignore[union-attr]
+    assert not settler._thread.is_alive(), "the first run died"  # type: ignore[union-attr]
+
+    settler.ensure_running()
+    deadline = time.monotonic() + 5
+    while len(runs) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert runs == ["settler", "settler"], "started again, on a thread of its own"
+    assert settler._thread.is_alive()  # type: ignore[union-attr]
+
+    settler.stop_thread(timeout=5)
+    assert not settler._thread.is_alive()  # type: ignore[union-attr]
+    settler.ensure_running()
+    assert not settler._thread.is_alive(), "a settler told to stop is not started again"  # type: ignore[union-attr]
