@@ -299,7 +299,7 @@ class Settler:
         return settled
 
     async def settle_all(self) -> int:
-        """Settle until nothing is left (`relay --once`, and a stopping relay's last pass)."""
+        """Settle until nothing is left (`relay --once`, before it exits)."""
         total = 0
         while True:
             self._next_big_look = 0.0  # every class, every time: nothing may be left
