@@ -14,6 +14,8 @@ from pathlib import Path
 
 import psycopg
 
+from dispatch import counters
+
 # The tables the engine rewrites all day; their dead row versions are what a day without vacuum leaves behind. The
 # day partitions of the occurrence and attempt tables are summed under their parent's name.
 HOT_TABLES = (
@@ -175,9 +177,9 @@ class Sampler:
             """
             SELECT clock_timestamp(), COALESCE(sum(value), 0),
                    COALESCE(sum(value) FILTER (WHERE (labels->>'le')::float8 > %s), 0)
-            FROM dispatch_metric_counter WHERE name = 'scheduler_settle_lag_seconds_bucket'
+            FROM dispatch_metric_counter WHERE name = %s
             """,
-            [SETTLE_LATE_SECONDS],
+            [SETTLE_LATE_SECONDS, f"{counters.SETTLE_LAG.name}_bucket"],
         ).fetchone()
         assert row is not None
         now, settled, late = row

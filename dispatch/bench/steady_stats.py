@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from django.db import connection
 
+from dispatch import counters
 from dispatch.bench.sampling import Readings
 from dispatch.upkeep import checkpoint_counts
 
@@ -36,6 +37,8 @@ class SteadyRun(Protocol):
 
 # Memory growth is measured from this far into the window (allocators and caches settle first).
 GROWTH_FROM_SECONDS = 300.0
+# The relay's settle-lag histogram, one stored row per bucket (dispatch/counters.py SETTLE_LAG).
+SETTLE_LAG_BUCKETS = f"{counters.SETTLE_LAG.name}_bucket"
 TABLES_PER_FIRE = ("dispatch_occurrence", "dispatch_occurrence_watch", "dispatch_attempt", "dispatch_outboxmessage")
 POSTGRES_SETTINGS = ("shared_buffers", "max_wal_size", "checkpoint_timeout", "wal_compression", "autovacuum")
 POSTGRES_COUNTERS = ("checkpoints_timed", "checkpoints_requested", "wal_bytes", "wal_full_page_images")
@@ -46,10 +49,7 @@ def settle_buckets(*, waiting: bool = False) -> dict[float, float]:
     before and after a run, the difference is the run's: every envelope it settled, each counted once. With
     `waiting`, each confirmed envelope not settled yet counts too, in the bucket of the wait it has had so far."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT labels->>'le', value FROM dispatch_metric_counter"
-            " WHERE name = 'scheduler_settle_lag_seconds_bucket'"
-        )
+        cursor.execute("SELECT labels->>'le', value FROM dispatch_metric_counter WHERE name = %s", [SETTLE_LAG_BUCKETS])
         counts = {float(le): float(value) for le, value in cursor.fetchall()}
         if waiting:
             cursor.execute(
