@@ -18,6 +18,18 @@ from typing import Any
 
 import psycopg
 
+
+# The schedule `s` of each row of a batch, probed by its primary key. A batch's keys come from unnest() joined to the
+# partitioned occurrence table, and the partitioned table has no statistics of its own (nothing analyzes it, not even
+# autovacuum): the planner takes n_distinct's default of 200 on both sides of each key column, so a batch looks like a
+# share of the whole day (58,000 rows for 772 keys in a 3 M-row partition), and it hashes the whole schedule table
+# instead of probing it (238,900 schedules read in sequence, the hash spilled to disk: the workers' claim went from 22
+# to 104 ms a batch on average, ten minutes into a steady benchmark). A lateral subquery that names the row's
+# schedule, kept apart by OFFSET 0, can only be probed once per row.
+def schedule_of(schedule_id: str) -> str:
+    return f"CROSS JOIN LATERAL (SELECT * FROM schedules_schedule WHERE id = {schedule_id} OFFSET 0) AS s\n"
+
+
 # An occurrence's own version's definition, as `v`, for an occurrence `o` of schedule `s`: NULL (one filter, no index
 # probe) when the occurrence is of the current version, so callers COALESCE each field with the schedule row's.
 # OFFSET 0 keeps it a subquery the planner cannot flatten into a probe per row (dispatch/sql/claims.py measures it).

@@ -15,7 +15,7 @@ and then a running occurrence, so these never form a cycle.
 
 from __future__ import annotations
 
-from dispatch.sql import OWN_VERSION_SNAPSHOT
+from dispatch.sql import OWN_VERSION_SNAPSHOT, schedule_of
 
 # --- claim -----------------------------------------------------------------------------------------------------
 
@@ -80,8 +80,8 @@ SELECT mine.position, """
 FROM unnest(%(occurrence_ids)s::uuid[], %(scheduled_fors)s::timestamptz[])
      WITH ORDINALITY AS mine(occurrence_id, scheduled_for, position)
 JOIN dispatch_occurrence AS o ON o.occurrence_id = mine.occurrence_id AND o.scheduled_for = mine.scheduled_for
-JOIN schedules_schedule AS s ON s.id = o.schedule_id
 """
+    + schedule_of("o.schedule_id")
     + OWN_VERSION_SNAPSHOT
     + """ORDER BY o.occurrence_id, o.scheduled_for
 FOR UPDATE OF o
@@ -245,8 +245,7 @@ PRECHECK_MANY = """
 SELECT o.occurrence_id, s.state, s.version, o.state, o.attempt_count, o.forced OR o.kept
 FROM unnest(%(occurrence_ids)s::uuid[], %(scheduled_fors)s::timestamptz[]) AS mine(occurrence_id, scheduled_for)
 JOIN dispatch_occurrence AS o ON o.occurrence_id = mine.occurrence_id AND o.scheduled_for = mine.scheduled_for
-JOIN schedules_schedule AS s ON s.id = o.schedule_id
-"""
+""" + schedule_of("o.schedule_id")
 
 # --- the worker pool's share per tenant (dispatch/engine/pool_share.py) ----------------------------------------
 

@@ -6,7 +6,7 @@ attempt_count on every claim, and every renewal or commit presents the number it
 
 from __future__ import annotations
 
-from dispatch.sql import OWN_VERSION_SNAPSHOT
+from dispatch.sql import OWN_VERSION_SNAPSHOT, schedule_of
 
 # --- shard leases (materializer) ------------------------------------------------------------------------------
 
@@ -122,8 +122,7 @@ WITH mine AS (
 )
 SELECT r.occurrence_id, r.attempt_count, s.state <> 'canceled' AND (s.version = r.schedule_version OR r.forced)
 FROM renewed AS r
-JOIN schedules_schedule AS s ON s.id = r.schedule_id
-"""
+""" + schedule_of("r.schedule_id")
 
 # Running occurrences whose lease expired (the worker died: SIGKILL, OOM, lost network). Found in
 # dispatch_occurrence_watch (its index watch_running_lease), and checked again on the occurrence row, which is the
