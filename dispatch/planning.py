@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
+from core.choices import Kind, Lane, MisfirePolicy
 from core.timerules import TimeRule
 from dispatch.identity import name_prefix, name_suffix, occurrence_id_of
 from dispatch.models import OccurrenceState
@@ -141,9 +142,9 @@ MISSED = OccurrenceState.MISSED.value
 
 def kept_late_fires(schedule: DueSchedule) -> int:
     """How many of the latest late fires the misfire policy emits: none (skip), one (fire_once) or K (catch_up)."""
-    if schedule.misfire_policy == "fire_once":
+    if schedule.misfire_policy == MisfirePolicy.FIRE_ONCE:
         return 1
-    if schedule.misfire_policy == "catch_up":
+    if schedule.misfire_policy == MisfirePolicy.CATCH_UP:
         return schedule.catchup_limit
     return 0
 
@@ -191,7 +192,7 @@ class Walk:
         if suffixes is None:
             suffixes = self._suffixes[schedule.version] = tuple(name_suffix(schedule.version, f.at) for f in self.fires)
         prefix = name_prefix(schedule_text or str(schedule.id))
-        flexible = schedule.lane == "flexible"
+        flexible = schedule.lane == Lane.FLEXIBLE
         for fire, suffix in zip(self.fires, suffixes, strict=True):
             occurrence_id = occurrence_id_of(prefix, suffix)
             if fire.catch_up:
@@ -256,7 +257,7 @@ def walk_fires(schedule: DueSchedule, *, now: datetime, horizon: timedelta) -> W
     while cursor is not None and cursor <= horizon_end and len(fires) < cap:
         fires.append(cursor)
         # A one-off's cursor is its only fire; cron and interval rules give the next (an interval's by division).
-        cursor = None if schedule.kind == "once" else rule.next_after(cursor)
+        cursor = None if schedule.kind == Kind.ONCE else rule.next_after(cursor)
 
     truncated_in_past = cursor is not None and cursor < lateness_limit
     if truncated_in_past and keep:
@@ -294,8 +295,8 @@ def _count_late_fires(schedule: DueSchedule, fire: datetime | None, lateness_lim
 
 def _miss_reason(schedule: DueSchedule, fire: datetime, now: datetime) -> str:
     late_by = f"late by {int((now - fire).total_seconds())} s > max lateness {schedule.max_lateness_seconds} s"
-    if schedule.misfire_policy == "fire_once":
+    if schedule.misfire_policy == MisfirePolicy.FIRE_ONCE:
         return f"{late_by} (fire_once keeps only the latest late fire)"
-    if schedule.misfire_policy == "catch_up":
+    if schedule.misfire_policy == MisfirePolicy.CATCH_UP:
         return f"{late_by} (catch_up keeps the latest {schedule.catchup_limit} late fires)"
     return f"{late_by} ({schedule.misfire_policy})"

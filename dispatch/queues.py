@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from core.choices import Lane
+
 STRICT_QUEUE: str = settings.SCHEDULER_STRICT_QUEUE
 FLEXIBLE_QUEUE: str = settings.SCHEDULER_FLEXIBLE_QUEUE
 ALL_QUEUES = (STRICT_QUEUE, FLEXIBLE_QUEUE)
@@ -38,4 +40,4 @@ def queue_arguments(queue_type: str | None = None) -> dict[str, str]:
 
 
 def queue_for_lane(lane: str) -> str:
-    return FLEXIBLE_QUEUE if lane == "flexible" else STRICT_QUEUE
+    return FLEXIBLE_QUEUE if lane == Lane.FLEXIBLE else STRICT_QUEUE

@@ -6,6 +6,3 @@ Django's autodiscovery imports only this package: importing the modules register
 from __future__ import annotations
 
 from dispatch.admin import attempts, occurrences, outbox  # noqa: F401
-from dispatch.admin.outbox import outbox_summary
-
-__all__ = ["outbox_summary"]

@@ -7,14 +7,14 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
 
-from dispatch.admin.common import ReadOnlyAdminMixin, precise_utc
+from dispatch.admin.common import AttemptTimesMixin, ReadOnlyAdminMixin
 from dispatch.admin.occurrences import timeline_context
 from dispatch.models import Attempt, Occurrence
 from scheduler_project.console import BIGINT_MAX
 
 
 @admin.register(Attempt)
-class AttemptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class AttemptAdmin(AttemptTimesMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """One attempt, with its occurrence's timeline around it. Attempts are listed on their occurrence's page, so
     there is no list of its own (and no entry on the index)."""
 
@@ -25,7 +25,7 @@ class AttemptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "worker",
         "started",
         "heartbeat",
-        "lease",
+        "lease_expires",
         "finished",
         "outcome",
         "error_class",
@@ -49,22 +49,6 @@ class AttemptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def occurrence_link(self, attempt: Attempt) -> str:
         url = reverse("admin:dispatch_occurrence_change", args=[attempt.occurrence_id])
         return format_html('<a href="{}">{}</a>', url, attempt.occurrence_id)
-
-    @admin.display(description="started at")
-    def started(self, attempt: Attempt) -> str:
-        return precise_utc(attempt.started_at)
-
-    @admin.display(description="heartbeat at")
-    def heartbeat(self, attempt: Attempt) -> str:
-        return precise_utc(attempt.heartbeat_at)
-
-    @admin.display(description="lease expires at")
-    def lease(self, attempt: Attempt) -> str:
-        return precise_utc(attempt.lease_expires_at)
-
-    @admin.display(description="finished at")
-    def finished(self, attempt: Attempt) -> str:
-        return precise_utc(attempt.finished_at)
 
     def render_change_form(self, request: HttpRequest, context: dict, add=False, change=False, form_url="", obj=None):
         if obj is not None:

@@ -18,7 +18,7 @@ from django.utils.safestring import mark_safe
 from core.clock import db_now
 from core.cron_syntax import TimeRuleError
 from core.timerules import local_time
-from dispatch.admin.common import ReadOnlyAdminMixin, precise_utc
+from dispatch.admin.common import AttemptTimesMixin, ReadOnlyAdminMixin, precise_utc
 from dispatch.admin.filters import LaneFilter, ScheduledRangeFilter, ScheduleIdFilter, StuckFilter
 from dispatch.errors import ReplayRefused
 from dispatch.models import Attempt, Occurrence, OccurrenceState
@@ -34,7 +34,7 @@ from schedules.models import ScheduleVersion
 from tenants.filters import TenantFilter
 
 
-class AttemptInline(ReadOnlyAdminMixin, admin.TabularInline):
+class AttemptInline(AttemptTimesMixin, ReadOnlyAdminMixin, admin.TabularInline):
     model = Attempt
     extra = 0
     can_delete = False
@@ -56,22 +56,6 @@ class AttemptInline(ReadOnlyAdminMixin, admin.TabularInline):
     def attempt_link(self, attempt: Attempt) -> str:
         url = reverse("admin:dispatch_attempt_change", args=[attempt.pk])
         return format_html('<a href="{}">#{}</a>', url, attempt.generation)
-
-    @admin.display(description="started at")
-    def started(self, attempt: Attempt) -> str:
-        return precise_utc(attempt.started_at)
-
-    @admin.display(description="heartbeat at")
-    def heartbeat(self, attempt: Attempt) -> str:
-        return precise_utc(attempt.heartbeat_at)
-
-    @admin.display(description="lease expires at")
-    def lease_expires(self, attempt: Attempt) -> str:
-        return precise_utc(attempt.lease_expires_at)
-
-    @admin.display(description="finished at")
-    def finished(self, attempt: Attempt) -> str:
-        return precise_utc(attempt.finished_at)
 
     @admin.display(description="duration")
     def duration(self, attempt: Attempt) -> str:

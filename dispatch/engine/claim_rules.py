@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from django.conf import settings
 
 from core.choices import MisfirePolicy, OverlapPolicy
+from dispatch.engine.outcomes import DropReason
 from dispatch.models import OccurrenceState
 from dispatch.outbox import Fire, enqueue
 from dispatch.sql import claims as claim_sql
@@ -31,7 +32,7 @@ FIRST_DELIVERY_STATES = (OccurrenceState.SCHEDULED, OccurrenceState.ENQUEUED)
 class Drop:
     """A delivery that was not run, and why; `state` is the occurrence's state afterwards (None if unknown)."""
 
-    reason: str
+    reason: DropReason
     state: str | None
 
 
@@ -78,7 +79,7 @@ def wait_for_running_slot(cursor, key: dict[str, Any], o: Observed, move: Move) 
     cursor.execute(quota_sql.COUNT_THROTTLED_CLAIM, {"tenant_id": o.tenant_id})
     recheck_at = o.now + timedelta(seconds=recheck_delay((o.now - key["scheduled_for"]).total_seconds()))
     words = "throttled: the tenant's max_running quota is reached"
-    drop = move(OccurrenceState.RETRY_WAIT, "running_quota", words, recheck_at)
+    drop = move(OccurrenceState.RETRY_WAIT, DropReason.RUNNING_QUOTA, words, recheck_at)
     if drop.state == OccurrenceState.RETRY_WAIT:
         fire = Fire.for_lane(**key, tenant_id=o.tenant_id, lane=o.lane, available_at=recheck_at, priority=o.priority)
         enqueue(cursor, [fire])
@@ -178,27 +179,29 @@ def overlap_verdict(cursor, key: dict[str, Any], o: Observed, move: Move) -> Dro
             return None
         return move(
             OccurrenceState.SKIPPED_OVERLAP,
-            "overlap_skipped",
+            DropReason.OVERLAP_SKIPPED,
             f"overlap: occurrence {running} still running ({policy})",
         )
     cursor.execute(claim_sql.SIBLING_WAITING, siblings)
     held = cursor.fetchone()
     if held is not None and (held[1], held[0]) < (key["scheduled_for"], key["occurrence_id"]):
         words = f"overlap: occurrence {held[0]} is queued ahead ({policy})"
-        return move(OccurrenceState.SKIPPED_OVERLAP, "overlap_skipped", words)
+        return move(OccurrenceState.SKIPPED_OVERLAP, DropReason.OVERLAP_SKIPPED, words)
     if running is None:
         return None
     if held is not None:
         # queue_one holds at most one pending occurrence; the one already waiting will run.
         words = f"overlap: occurrence {running} still running and occurrence {held[0]} already queued ({policy})"
-        return move(OccurrenceState.SKIPPED_OVERLAP, "overlap_skipped", words)
+        return move(OccurrenceState.SKIPPED_OVERLAP, DropReason.OVERLAP_SKIPPED, words)
     return park(cursor, key, o, move, f"waiting for occurrence {running}")
 
 
 def park(cursor, key: dict[str, Any], o: Observed, move: Move, why: str) -> Drop:
     """Back to retry_wait (attempt_count unchanged) with a new envelope for the recheck, in the same transaction."""
     recheck_at = o.now + timedelta(seconds=settings.SCHEDULER_OVERLAP_RECHECK_SECONDS)
-    drop = move(OccurrenceState.RETRY_WAIT, "overlap_waiting", f"overlap: {why} ({o.overlap_policy})", recheck_at)
+    drop = move(
+        OccurrenceState.RETRY_WAIT, DropReason.OVERLAP_WAITING, f"overlap: {why} ({o.overlap_policy})", recheck_at
+    )
     if drop.state == OccurrenceState.RETRY_WAIT:
         fire = Fire.for_lane(**key, tenant_id=o.tenant_id, lane=o.lane, available_at=recheck_at, priority=o.priority)
         enqueue(cursor, [fire])

@@ -45,6 +45,7 @@ from dispatch.engine.claim_rules import (
     wait_for_pool_share,
     wait_for_running_slot,
 )
+from dispatch.engine.outcomes import DropReason
 from dispatch.engine.retry import deadline_of
 from dispatch.models import TERMINAL_STATES, OccurrenceState
 from dispatch.quotas import lock_running_rows, release_running_slots
@@ -93,7 +94,7 @@ def try_claim(
 ) -> Claim | Drop:
     """Claim one occurrence for `worker_name`, or tell why the delivery must not run now (logged and counted)."""
     key: dict[str, Any] = {"occurrence_id": occurrence_id, "scheduled_for": scheduled_for}
-    outcome: Claim | Drop = Drop("unknown", None)
+    outcome: Claim | Drop = Drop(DropReason.UNKNOWN, None)
     schedule_id = None  # known, and locked first, only once an overlap policy asks for it
     for _ in range(2):
         with transaction.atomic(), connection.cursor() as cursor:
@@ -173,7 +174,7 @@ def claim_many(
             if o is not None and result.tenant_id is None:
                 result.tenant_id = o.tenant_id
             if o is None:
-                result.drops.append((occurrence_id, Drop("unknown", None)))
+                result.drops.append((occurrence_id, Drop(DropReason.UNKNOWN, None)))
                 continue
             if o.overlap_policy != OverlapPolicy.ALLOW:
                 result.alone.append((occurrence_id, scheduled_for))
@@ -194,7 +195,9 @@ def claim_many(
                 left_running.append(o.tenant_id)
         for tenant_id, rows in sorted(waiting.items()):
             parked = wait_for_pool_share(cursor, rows, why_blocked[tenant_id] or "")
-            result.drops += [(key["occurrence_id"], Drop("pool_share", OccurrenceState.RETRY_WAIT)) for key, _ in rows]
+            result.drops += [
+                (key["occurrence_id"], Drop(DropReason.POOL_SHARE, OccurrenceState.RETRY_WAIT)) for key, _ in rows
+            ]
             if len(parked) != len(rows):  # cannot happen under the row locks; refuse rather than guess
                 transaction.set_rollback(True)
                 return EnvelopeClaim(alone=list(pairs), tenant_id=result.tenant_id)
@@ -211,17 +214,17 @@ def claim_many(
         release_running_slots(cursor, left_running)
         result.claims = _within_running_quota(cursor, claimed, result, worker_name)
     for occurrence_id, drop in result.drops:
-        if drop.reason != "pool_share":
+        if drop.reason != DropReason.POOL_SHARE:
             _report_claim(occurrence_id, drop)
     for tenant_id, rows in waiting.items():
         # One line for the envelope, not one per occurrence: a tenant whose handlers hang sends many.
-        counters.WORKER_CLAIM_DROPS.labels("pool_share").inc(len(rows))
+        counters.WORKER_CLAIM_DROPS.labels(DropReason.POOL_SHARE).inc(len(rows))
         logger.info(
             "parked %d occurrences of tenant %s: %s",
             len(rows),
             tenant_id,
             why_blocked[tenant_id],
-            extra={"action": "claim_drop", "reason": "pool_share", "tenant_id": tenant_id},
+            extra={"action": "claim_drop", "reason": DropReason.POOL_SHARE, "tenant_id": tenant_id},
         )
     return result
 
@@ -322,7 +325,7 @@ def _left_running(outcome: Claim | Drop) -> bool:
     """Whether a decision on an occurrence found `running` (an expired lease) moved it out of running."""
     if not isinstance(outcome, Drop) or outcome.state in (None, OccurrenceState.RUNNING):
         return False
-    return outcome.reason not in ("duplicate", "duplicate_attempt", "lost_race")
+    return outcome.reason not in (DropReason.DUPLICATE, DropReason.DUPLICATE_ATTEMPT, DropReason.LOST_RACE)
 
 
 def schedule_withdraws(schedule_state: str, schedule_version: int, occurrence_version: int, *, forced: bool) -> bool:
@@ -355,11 +358,11 @@ def _decide(cursor, key: dict[str, Any], o: Observed, worker_name: str) -> Claim
 def _mover(cursor, key: dict[str, Any], o: Observed) -> Move:
     """A side exit or parking of the locked occurrence: one conditional UPDATE on what was observed."""
 
-    def move(new_state: str, reason: str, words: str, available_at: datetime | None = None) -> Drop:
+    def move(new_state: str, reason: DropReason, words: str, available_at: datetime | None = None) -> Drop:
         params = {**key, "now": o.now, "new_state": new_state, "available_at": available_at, "reason": words}
         cursor.execute(claim_sql.TRANSITION, {**params, "state": o.state, "attempt_count": o.attempt_count})
         if cursor.rowcount != 1:  # cannot happen under the row lock; refuse rather than guess
-            return Drop("lost_race", None)
+            return Drop(DropReason.LOST_RACE, None)
         return Drop(reason, new_state)
 
     return move
@@ -370,30 +373,32 @@ def _exit(cursor, key: dict[str, Any], o: Observed) -> Drop | None:
     stands between it and a claim."""
     now = o.now
     if o.state in TERMINAL_STATES:
-        return Drop("terminal", o.state)
+        return Drop(DropReason.TERMINAL, o.state)
     expired_run = o.state == OccurrenceState.RUNNING
     if expired_run and o.lease_expires_at is not None and o.lease_expires_at > now:
-        return Drop("duplicate", o.state)
+        return Drop(DropReason.DUPLICATE, o.state)
     if o.state == OccurrenceState.RETRY_WAIT and o.available_at > now + EARLY_TOLERANCE:
-        return Drop("early", o.state)
+        return Drop(DropReason.EARLY, o.state)
     if expired_run:
         # Its worker died without the reaper noticing yet; close that attempt before taking over.
         cursor.execute(claim_sql.CLOSE_EXPIRED_ATTEMPT, {**key, "now": now, "generation": o.attempt_count})
     move = _mover(cursor, key, o)
     if schedule_withdraws(o.schedule_state, o.schedule_version, o.occurrence_version, forced=o.forced or o.kept):
         return move(
-            OccurrenceState.CANCELED, "schedule_changed", withdrawal_reason(o.schedule_state, o.schedule_version)
+            OccurrenceState.CANCELED,
+            DropReason.SCHEDULE_CHANGED,
+            withdrawal_reason(o.schedule_state, o.schedule_version),
         )
     if expired_run and o.attempt_count >= o.max_attempts:
         words = f"attempts exhausted ({o.attempt_count} of {o.max_attempts})"
-        return move(OccurrenceState.DEAD, "attempts_exhausted", words)
+        return move(OccurrenceState.DEAD, DropReason.ATTEMPTS_EXHAUSTED, words)
     if o.attempt_count > 0:
         deadline = deadline_of(key["scheduled_for"], forced=o.forced)
         if deadline is not None and now > deadline:
-            return move(OccurrenceState.DEAD, "deadline_passed", "deadline passed")
+            return move(OccurrenceState.DEAD, DropReason.DEADLINE_PASSED, "deadline passed")
     missed = misfire_reason(cursor, key, o)
     if missed is not None:
-        return move(OccurrenceState.MISSED, "missed", missed)
+        return move(OccurrenceState.MISSED, DropReason.MISSED, missed)
     if o.overlap_policy != OverlapPolicy.ALLOW:
         return overlap_verdict(cursor, key, o, move)
     return None
@@ -406,7 +411,7 @@ def _claim(cursor, key: dict[str, Any], o: Observed, worker_name: str) -> Claim 
     )
     claimed = cursor.fetchone()
     if claimed is None:
-        return Drop("lost_race", None)
+        return Drop(DropReason.LOST_RACE, None)
     generation, lease_expires_at = claimed
     cursor.execute(
         claim_sql.INSERT_ATTEMPT,
@@ -422,7 +427,7 @@ def _claim(cursor, key: dict[str, Any], o: Observed, worker_name: str) -> Claim 
     if attempt is None:
         # An attempt of this generation exists already (attempt_generation_unique): undo the claim, run nothing.
         transaction.set_rollback(True)
-        return Drop("duplicate_attempt", o.state)
+        return Drop(DropReason.DUPLICATE_ATTEMPT, o.state)
     return _claim_of(
         key, o, worker_name, generation=generation, attempt_id=attempt[0], lease_expires_at=lease_expires_at
     )
@@ -470,13 +475,13 @@ def _report_claim(occurrence_id: uuid.UUID, outcome: Claim | Drop) -> None:
         )
         return
     counters.WORKER_CLAIM_DROPS.labels(outcome.reason).inc()
-    if outcome.reason == "missed":
+    if outcome.reason == DropReason.MISSED:
         counters.MISSED.labels("claim").inc()
-    elif outcome.reason == "overlap_skipped":
+    elif outcome.reason == DropReason.OVERLAP_SKIPPED:
         counters.SKIPPED_OVERLAP.inc()
     # Duplicates, overlap skips and misfires are expected in an at-least-once system; a vanished id or a
     # contradicting attempt history is worth a warning.
-    level = logging.WARNING if outcome.reason in ("unknown", "lost_race", "duplicate_attempt") else logging.INFO
+    level = logging.WARNING if outcome.reason.is_suspicious else logging.INFO
     logger.log(
         level,
         "dropped delivery of occurrence %s: %s (state %s)",

@@ -51,7 +51,7 @@ from dispatch.engine.envelope_work import DrainId, Entry, EnvelopeWork
 from dispatch.engine.faults import crash_point
 from dispatch.engine.hand_back import hand_back
 from dispatch.engine.leases import Ticket, lease_renewer
-from dispatch.engine.outcomes import RunOutcome, Tally
+from dispatch.engine.outcomes import DropReason, RunOutcome, Tally
 from dispatch.engine.pool_share import PoolShare
 from dispatch.engine.retry import RunResult
 from dispatch.timer import PriorityTimer, TimerClosed
@@ -117,7 +117,7 @@ class EnvelopeRunner:
             outcomes[Tally.DB_ERROR] += len(pairs)
             return outcomes
         for _, drop in batch.drops:
-            outcomes[Tally.PARKED if drop.reason == "pool_share" else Tally.DROPPED] += 1
+            outcomes[Tally.PARKED if drop.reason == DropReason.POOL_SHARE else Tally.DROPPED] += 1
         if batch.claims:
             crash_point("worker.after_claim")
         if batch.claims or batch.alone:

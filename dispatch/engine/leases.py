@@ -27,6 +27,7 @@ from django.db import close_old_connections, connection, transaction
 
 from core.clock import DB_NOW
 from dispatch import counters
+from dispatch.engine.outcomes import CancelReason
 from dispatch.models import OccurrenceState
 from dispatch.outbox import Fire, enqueue
 from dispatch.quotas import release_running_slots
@@ -74,7 +75,7 @@ class Ticket:
     # Monotonic instant after which the lease is no longer renewed, whatever the handler does.
     renew_until: float = math.inf
 
-    def signal(self, reason: str) -> None:
+    def signal(self, reason: CancelReason) -> None:
         if self.reason is None:
             self.reason = reason
             counters.WORKER_CANCEL_SIGNALS.labels(reason).inc()
@@ -129,11 +130,11 @@ class LeaseRenewer:
         now = time.monotonic()
         for ticket in tickets:
             if now >= ticket.deadline:
-                ticket.signal("deadline")
+                ticket.signal(CancelReason.DEADLINE)
             if now >= ticket.renew_until:
                 # The handler outlived its deadline and kept running despite the cancel event: let the lease run
                 # out, so the occurrence is fenced and goes on without this attempt.
-                ticket.signal("lease_max_lifetime")
+                ticket.signal(CancelReason.LEASE_MAX_LIFETIME)
         tickets = [t for t in tickets if now < t.renew_until]
         if not tickets:
             return 0
@@ -158,9 +159,9 @@ class LeaseRenewer:
         for ticket in still_running:
             current = renewed.get((ticket.claim.occurrence_id, ticket.claim.generation))
             if current is None:
-                ticket.signal("lease_lost")
+                ticket.signal(CancelReason.LEASE_LOST)
             elif not current:
-                ticket.signal("schedule_changed")
+                ticket.signal(CancelReason.SCHEDULE_CHANGED)
         return len(renewed)
 
     def stop(self) -> None:

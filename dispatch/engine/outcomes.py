@@ -42,3 +42,36 @@ class Tally(StrEnum):
     DROPPED = "dropped"  # not claimable, or ended or claimed elsewhere meanwhile
     HANDED_BACK = "handed_back"  # not started within the message's turn: given back under its own id
     DETACHED = "detached"  # still running when the turn ended: completes itself
+
+
+class DropReason(StrEnum):
+    """Why a delivery was not run (Drop.reason): the worker's claim-drop metric label and log field."""
+
+    UNKNOWN = "unknown"  # the claim's own statement failed: the reconciler decides
+    LOST_RACE = "lost_race"  # the row changed under a conditional update that the lock should have prevented
+    TERMINAL = "terminal"
+    DUPLICATE = "duplicate"  # another attempt holds a live lease
+    DUPLICATE_ATTEMPT = "duplicate_attempt"  # this generation's attempt row already exists
+    EARLY = "early"  # a retry delivered before its available_at
+    POOL_SHARE = "pool_share"  # the tenant's share of the worker pool was full: parked, offered again
+    RUNNING_QUOTA = "running_quota"
+    SCHEDULE_CHANGED = "schedule_changed"
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+    DEADLINE_PASSED = "deadline_passed"
+    MISSED = "missed"
+    OVERLAP_SKIPPED = "overlap_skipped"
+    OVERLAP_WAITING = "overlap_waiting"
+
+    @property
+    def is_suspicious(self) -> bool:
+        """A drop that points at a bug or a race rather than a rule: logged as a warning."""
+        return self in (DropReason.UNKNOWN, DropReason.LOST_RACE, DropReason.DUPLICATE_ATTEMPT)
+
+
+class CancelReason(StrEnum):
+    """Why a running handler's cancel event was set (its lease ticket's reason)."""
+
+    DEADLINE = "deadline"
+    LEASE_MAX_LIFETIME = "lease_max_lifetime"
+    LEASE_LOST = "lease_lost"
+    SCHEDULE_CHANGED = "schedule_changed"

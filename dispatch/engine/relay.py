@@ -49,7 +49,7 @@ from dispatch.queues import CONSUMED_QUEUES, queue_arguments
 from dispatch.sql import database_conninfo
 from dispatch.sql import leases as lease_sql
 from dispatch.sql import outbox as outbox_sql
-from dispatch.timer import Claimed, PriorityTimer
+from dispatch.timer import RUNNING, Claimed, PriorityTimer
 
 logger = logging.getLogger(__name__)
 
@@ -352,7 +352,7 @@ class Relay:
                 # Strict before flexible, then tenants interleaved by their fair-queueing tags: the order the
                 # messages take on the channel, and so in the queues.
                 live = sorted(
-                    (claim for claim in due if timer.state(claim.task_id) == "running"),
+                    (claim for claim in due if timer.state(claim.task_id) == RUNNING),
                     key=lambda claim: staged[_envelope_id(claim)].release_key,
                 )
                 released = [staged[_envelope_id(claim)] for claim in live]

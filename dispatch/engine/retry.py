@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 from dispatch import counters
-from dispatch.engine.outcomes import ErrorClass, RunOutcome
+from dispatch.engine.outcomes import CancelReason, ErrorClass, RunOutcome
 from dispatch.errors import CanceledError, PermanentError, TransientError
 from dispatch.models import OccurrenceState
 from dispatch.sql import claims as claim_sql
@@ -141,7 +141,7 @@ def _minute_of(instant: datetime) -> datetime:
 def classify(exc: Exception, *, handler: str, occurrence_id: uuid.UUID, cancel_reason: str | None) -> RunResult:
     """The RunResult of a handler that raised `exc`; `cancel_reason` is why its cancel event was raised, if it was."""
     message = f"{type(exc).__name__}: {exc}"[:ERROR_MAX_CHARS]
-    if cancel_reason == "schedule_changed":
+    if cancel_reason == CancelReason.SCHEDULE_CHANGED:
         return RunResult(RunOutcome.CANCELED, ErrorClass.NONE, message)
     if isinstance(exc, PermanentError):
         return RunResult(RunOutcome.FAILED, ErrorClass.PERMANENT, message)

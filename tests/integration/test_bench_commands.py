@@ -31,6 +31,7 @@ from tests.integration.databases import (
     manage_on,
 )
 from tests.integration.processes import ROOT
+from tests.support import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -267,18 +268,17 @@ def test_a_killed_benchmark_takes_its_processes_with_it(how):
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while len(children := _children(bench.pid)) < 2 and time.monotonic() < deadline:
+
+        def started() -> bool:
             assert bench.poll() is None, bench.communicate()[0][-3000:]
-            time.sleep(0.2)
-        assert len(children) == 2, "the bench started its materializer and relay"
+            return len(_children(bench.pid)) >= 2
+
+        wait_for(started, 120, "the bench to start its materializer and relay", every=0.2)
+        children = _children(bench.pid)
         time.sleep(2)  # past their start-up, into their loops
         bench.send_signal(getattr(signal, how))
         output, _ = bench.communicate(timeout=60)
-        deadline = time.monotonic() + 30
-        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not any(_alive(pid) for pid in children), f"left running after {how} of the bench"
+        wait_for(lambda: not any(_alive(pid) for pid in children), 30, f"no child left after {how} of the bench")
         if how == "SIGTERM":
             assert bench.returncode == 1
             assert "interrupted: the processes the run started were stopped" in output

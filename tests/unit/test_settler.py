@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from dispatch.engine import settler as settler_module
 from dispatch.engine.settler import SETTLE_TARGET_SECONDS, Settler
+from tests.support import poll
 
 
 @dataclass
@@ -118,9 +118,7 @@ def test_a_settler_thread_that_died_is_started_again_and_stops_when_told(monkeyp
     assert not settler._thread.is_alive(), "the first run died"  # type: ignore[union-attr]
 
     settler.ensure_running()
-    deadline = time.monotonic() + 5
-    while len(runs) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    poll(lambda: len(runs) >= 2, 5, every=0.01)
     assert runs == ["settler", "settler"], "started again, on a thread of its own"
     assert settler._thread.is_alive()  # type: ignore[union-attr]
 

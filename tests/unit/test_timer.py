@@ -20,7 +20,7 @@ from hypothesis.stateful import (
 )
 
 from dispatch.timer import HEAP_FACTOR, HEAP_SLACK, Claimed, PriorityTimer, TimerClosed
-from tests.support import examples
+from tests.support import examples, poll
 
 # Generous: these bound waits for events that normally arrive in milliseconds; only a bug reaches them.
 TIMEOUT = 10.0
@@ -51,12 +51,8 @@ def noop(cancel_event: threading.Event) -> None:
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = TIMEOUT) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.002)
-    return True
+    """The shared poll, tried every 2 ms: these tests time a timer, so the wait must not blur its instants."""
+    return poll(predicate, timeout, every=0.002)
 
 
 def timer_threads() -> list[threading.Thread]:
