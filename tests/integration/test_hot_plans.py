@@ -227,9 +227,9 @@ def test_settling_a_batch_sorts_its_locks_in_memory(stamped_fires):
     assert settled.count() == STAMPED
 
 
-BATCH = 800
-FLEET = 2_000
-FIRES = 50
+BATCH = 400
+FLEET = 500
+FIRES = 40
 
 
 @pytest.fixture
@@ -275,16 +275,18 @@ def a_day_of_a_fleet(tenant_a) -> list[tuple[uuid.UUID, datetime]]:
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("name", ["LOCK_OCCURRENCES", "PRECHECK_MANY"])
-def test_a_batch_probes_the_schedule_of_each_of_its_rows(a_day_of_a_fleet, name):
+def test_a_batch_probes_the_schedule_of_each_of_its_rows(a_day_of_a_fleet):
     """A batch of keys joined to the partitioned occurrence table, which has no statistics of its own, looks to the
     planner like a share of the day's partition (n_distinct's default of 200 on both sides of each key column), and
     it hashed every schedule there is for each batch: the workers' claim took five times as long ten minutes into a
-    steady benchmark (238,900 schedules). Each statement reads one schedule row per occurrence, whatever the guess."""
+    steady benchmark (238,900 schedules). Each statement reads one schedule row per occurrence, whatever the guess.
+    At this size (20,000 rows, kept small: the rolled-back rows are dead rows /healthz would count) the pre-check's
+    plan is the one that hashed; the claim's did from 100,000 rows and 2,000 schedules."""
     params = {
         "occurrence_ids": [key[0] for key in a_day_of_a_fleet],
         "scheduled_fors": [key[1] for key in a_day_of_a_fleet],
         "now": None,
     }
-    read = rows_read(getattr(claim_sql, name), params, "schedules_schedule")
-    assert read <= BATCH, f"read {read} schedule rows for a batch of {BATCH} (of {FLEET} schedules)"
+    for name in ("LOCK_OCCURRENCES", "PRECHECK_MANY"):
+        read = rows_read(getattr(claim_sql, name), params, "schedules_schedule")
+        assert read <= BATCH, f"{name} read {read} schedule rows for a batch of {BATCH} (of {FLEET} schedules)"
