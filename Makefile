@@ -1,13 +1,19 @@
-# Two entry points: `make demo` (set up and run everything) and `make test` (the suite CI runs).
+# Entry points: `make demo` (set up and run everything), `make test` (lint and the suite) and `make test-long` (CI runs it
+# after make test).
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
-# make test runs the suite on this many pytest-xdist workers (each its own test database and queues), then the tests
-# marked exclusive one at a time. The process tests mostly wait, so three share two cores well.
+# Both test tiers run on this many pytest-xdist workers, each with its own test database and queues. The process tests
+# mostly wait, so three share two cores well. Tests go out one at a time (--maxschedchunk 1), slow ones first: in
+# chunks, the first worker would take every slow test while the others sat idle.
 TEST_WORKERS ?= 3
+# Python writes its bytecode caches even where the environment says not to: the tests start a few hundred processes
+# (materializers, relays, workers, commands), and each would compile the project's modules again; pytest keeps its
+# rewritten test modules there too (a third of collection time).
+unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test test-fast install services browser database migrate lint format clean
+.PHONY: demo test test-fast test-long install services browser database migrate lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,12 +44,22 @@ demo: migrate
 	$(BIN)/python manage.py provision_demo --port $(PORT)
 	PATH="$(abspath $(BIN)):$$PATH" PORT=$(PORT) $(BIN)/honcho start -f Procfile
 
-test: install services browser
+PYTEST := $(BIN)/pytest -q -p no:cacheprovider
+XDIST := -n $(TEST_WORKERS) --maxschedchunk 1
+
+# Lint, then every test but the long ones, against the real PostgreSQL and RabbitMQ. Under 5 minutes.
+test: install services
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) -m "not exclusive"
-	$(BIN)/pytest -q -p no:cacheprovider --durations=10 -m exclusive
+	$(PYTEST) --durations=15 $(XDIST) -m "not long and not exclusive"
+
+# The long tier, which CI runs after make test: the crash matrix, every benchmark end to end and the console in
+# Chromium in parallel, then the tests that need the machine to themselves (they restart the shared broker or bound
+# timings), one at a time.
+test-long: install services browser
+	$(PYTEST) --durations=10 $(XDIST) -m "long and not exclusive"
+	$(PYTEST) --durations=10 -m exclusive
 
 # The unit tier: no PostgreSQL, no RabbitMQ (their addresses point at a closed port, so a test that reached for one
 # fails instead of passing on this machine only), property tests at a tenth of their examples. Under 30 s.

@@ -4,6 +4,7 @@ for the rows tests build below the API (schedules through the services, occurren
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -27,8 +28,12 @@ TENANT_B = ("globex", "globex.localhost")
 DATABASE_FIXTURES = {"db", "transactional_db", "live_server"}
 
 
+# The personas as this process last provisioned them: what `platform_rows` reads back.
+_PROVISIONED: dict[str, Provisioned] = {}
+
+
 def ensure_platform_rows() -> dict[str, Provisioned]:
-    """The public tenant with its hosts, and the two personas. Cheap when present.
+    """The public tenant with its hosts, and the two personas, provisioned (a few dozen queries even when present).
 
     Transactional tests (real processes need committed rows) end with a TRUNCATE of the public tables, which
     also removes these rows; the tenant schemas, users and tokens survive it, so re-provisioning is fast and
@@ -43,7 +48,20 @@ def ensure_platform_rows() -> dict[str, Provisioned]:
         slug: provision_tenant(slug, domain=domain, name=slug.title()) for slug, domain in (TENANT_A, TENANT_B)
     }
     connection.set_schema_to_public()
+    _PROVISIONED.clear()
+    _PROVISIONED.update(provisioned)
     return provisioned
+
+
+def platform_rows() -> dict[str, Provisioned]:
+    """The personas in one query: the rows ensure_platform_rows left are still there (a test that changed them was
+    rolled back, and a transactional one is followed by ensure_platform_rows), so only the Tenant rows are read again,
+    fresh for the test to change. Provisioning them again before each of ~900 tests cost a tenth of a second each."""
+    if _PROVISIONED:
+        rows = {tenant.slug: tenant for tenant in Tenant.objects.filter(slug__in=list(_PROVISIONED))}
+        if all(slug in rows and rows[slug].pk == known.tenant.pk for slug, known in _PROVISIONED.items()):
+            return {slug: replace(known, tenant=rows[slug]) for slug, known in _PROVISIONED.items()}
+    return ensure_platform_rows()
 
 
 def _uses_the_database(item: pytest.Item) -> bool:
@@ -124,7 +142,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
 
 @pytest.fixture
 def tenants(db) -> dict[str, Provisioned]:
-    return ensure_platform_rows()
+    return platform_rows()
 
 
 @pytest.fixture

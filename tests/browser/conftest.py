@@ -1,4 +1,4 @@
-"""Playwright driving the system's Chromium (`make test` installs it) against a live console on `localhost`."""
+"""Playwright driving the system's Chromium (`make test-long` installs it) against a live console on `localhost`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "img"
 def chromium_path() -> str:
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        pytest.fail("Chromium is not installed: `make test` installs it (apt-get install chromium).")
+        pytest.fail("Chromium is not installed: `make test-long` installs it (apt-get install chromium).")
     return path
 
 

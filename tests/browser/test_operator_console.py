@@ -13,7 +13,7 @@ from core.clock import db_now
 from dispatch.models import Occurrence, ProcessHeartbeat
 from tests.browser.conftest import SCREENSHOTS
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.django_db(transaction=True)]
 PASSWORD = "browser-operator-password"
 # Regenerate the README's screenshots only when asked: a test run must not dirty the checkout.
 KEEP_SCREENSHOTS = os.environ.get("SCHEDULER_SCREENSHOTS") == "1"

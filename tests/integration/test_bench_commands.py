@@ -33,7 +33,7 @@ from tests.integration.databases import (
 from tests.integration.processes import ROOT
 from tests.support import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 # Fires due at one minute boundary: a horizon of 2 s lets the bench choose the next boundary ~20 s ahead.
 TINY = ("--horizon", "2", "--deadline", "90")

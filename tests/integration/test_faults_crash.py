@@ -10,7 +10,7 @@ import pytest
 from dispatch.bench.crash_matrix import CrashMatrix, table
 from dispatch.engine.faults import POINTS
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.django_db(transaction=True)]
 
 # The bar for CI: at least ten deaths at every point.
 ITERATIONS = int(os.environ.get("SCHEDULER_CRASH_ITERATIONS", "10"))

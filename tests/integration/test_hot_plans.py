@@ -251,27 +251,36 @@ def a_day_of_a_fleet(tenant_a) -> list[tuple[uuid.UUID, datetime]]:
                     schedule_id, tenant_id, f"fleet-{n}", handler="noop", now=now, every_seconds=60, anchor_at=now
                 )
             )
-    rows = [
-        Occurrence(
-            occurrence_id=uuid.uuid4(),
-            schedule_id=schedule_id,
-            tenant_id=tenant_id,
-            schedule_version=version,
-            scheduled_for=minute + timedelta(minutes=fire),
-            available_at=minute + timedelta(minutes=fire),
-            state="enqueued",
-            lane="strict",
+    # One statement on the server, in the order a day fills (fire by fire): building 20,000 rows in Python took
+    # most of this fixture's time.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO dispatch_occurrence (
+                occurrence_id, schedule_id, tenant_id, schedule_version, scheduled_for, available_at, lane, priority,
+                manual, forced, kept, throttled, state, state_reason, attempt_count, created_at)
+            SELECT gen_random_uuid(), fleet.id, %(tenant)s, 1, %(minute)s + fire * interval '1 minute',
+                   %(minute)s + fire * interval '1 minute', 'strict', 0, false, false, false, false, 'enqueued', '', 0,
+                   now()
+            FROM generate_series(0, %(fires)s - 1) AS fire
+            CROSS JOIN unnest(%(fleet)s::uuid[]) WITH ORDINALITY AS fleet (id, position)
+            ORDER BY fire, fleet.position
+            """,
+            {"tenant": tenant_id, "minute": minute, "fires": FIRES, "fleet": [schedule_id for schedule_id, _ in fleet]},
         )
-        for fire in range(FIRES)
-        for schedule_id, version in fleet
-    ]
-    Occurrence.objects.bulk_create(rows, batch_size=5000)
+        # The latest BATCH of them, as an envelope hands them to a worker.
+        cursor.execute(
+            "SELECT occurrence_id, scheduled_for FROM dispatch_occurrence "
+            "WHERE schedule_id = ANY(%s::uuid[]) AND scheduled_for = %s",
+            [[schedule_id for schedule_id, _ in fleet[-BATCH:]], minute + timedelta(minutes=FIRES - 1)],
+        )
+        batch = cursor.fetchall()
     with connection.cursor() as cursor:
         cursor.execute("SELECT DISTINCT tableoid::regclass::text FROM dispatch_occurrence")
         for (partition,) in cursor.fetchall():
             cursor.execute(f"ANALYZE {partition}")
         cursor.execute("ANALYZE schedules_schedule")
-    return [(row.occurrence_id, row.scheduled_for) for row in rows[-BATCH:]]
+    return batch
 
 
 @pytest.mark.django_db
