@@ -5,8 +5,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
 # Both test tiers run on this many pytest-xdist workers, each with its own test database and queues. The process tests
-# mostly wait, so three share two cores well. Tests go out one at a time (--maxschedchunk 1), slow ones first: in
-# chunks, the first worker would take every slow test while the others sat idle.
+# mostly wait, so three share two cores well. Tests go out one at a time, slow ones first: in xdist's default chunks
+# the first worker took every slow test while the others sat idle. The long tier keeps the tests of an `xdist_group`
+# on one worker (the benchmark runs share one costly module fixture); make test cannot group, since schemathesis
+# gives its fifteen operations one test id and grouping keys tests by id (it would run one of them).
 TEST_WORKERS ?= 3
 # Python writes its bytecode caches even where the environment says not to: the tests start a few hundred processes
 # (materializers, relays, workers, commands), and each would compile the project's modules again; pytest keeps its
@@ -45,20 +47,20 @@ demo: migrate
 	PATH="$(abspath $(BIN)):$$PATH" PORT=$(PORT) $(BIN)/honcho start -f Procfile
 
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider
-XDIST := -n $(TEST_WORKERS) --maxschedchunk 1
+XDIST := -n $(TEST_WORKERS)
 
 # Lint, then every test but the long ones, against the real PostgreSQL and RabbitMQ. Under 5 minutes.
 test: install services
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(PYTEST) --durations=15 $(XDIST) -m "not long and not exclusive"
+	$(PYTEST) --durations=15 $(XDIST) --maxschedchunk 1 -m "not long and not exclusive"
 
 # The long tier, which CI runs after make test: the crash matrix, every benchmark end to end and the console in
 # Chromium in parallel, then the tests that need the machine to themselves (they restart the shared broker or bound
 # timings), one at a time.
 test-long: install services browser
-	$(PYTEST) --durations=10 $(XDIST) -m "long and not exclusive"
+	$(PYTEST) --durations=10 $(XDIST) --dist loadgroup -m "long and not exclusive"
 	$(PYTEST) --durations=10 -m exclusive
 
 # The unit tier: no PostgreSQL, no RabbitMQ (their addresses point at a closed port, so a test that reached for one

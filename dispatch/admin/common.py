@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
 
-from dispatch.models import Attempt
 from scheduler_project.console import SafeActionSelectionMixin
 
 
@@ -19,24 +19,23 @@ def precise_utc(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
+def utc_column(field: str, description: str, *, ordering: str | None = None) -> Callable[[Any, Any], str]:
+    """An admin column (or read-only field) showing the instant `field` of a row with precise_utc."""
+
+    @admin.display(description=description, ordering=ordering)
+    def column(admin_self: Any, row: Any) -> str:
+        return precise_utc(getattr(row, field))
+
+    return column
+
+
 class AttemptTimesMixin:
     """An attempt's four instants, shown alike on its own page and in its occurrence's list of attempts."""
 
-    @admin.display(description="started at")
-    def started(self, attempt: Attempt) -> str:
-        return precise_utc(attempt.started_at)
-
-    @admin.display(description="heartbeat at")
-    def heartbeat(self, attempt: Attempt) -> str:
-        return precise_utc(attempt.heartbeat_at)
-
-    @admin.display(description="lease expires at")
-    def lease_expires(self, attempt: Attempt) -> str:
-        return precise_utc(attempt.lease_expires_at)
-
-    @admin.display(description="finished at")
-    def finished(self, attempt: Attempt) -> str:
-        return precise_utc(attempt.finished_at)
+    started = utc_column("started_at", "started at")
+    heartbeat = utc_column("heartbeat_at", "heartbeat at")
+    lease_expires = utc_column("lease_expires_at", "lease expires at")
+    finished = utc_column("finished_at", "finished at")
 
 
 class ReadOnlyAdminMixin(SafeActionSelectionMixin):

@@ -18,7 +18,7 @@ from django.utils.safestring import mark_safe
 from core.clock import db_now
 from core.cron_syntax import TimeRuleError
 from core.timerules import local_time
-from dispatch.admin.common import AttemptTimesMixin, ReadOnlyAdminMixin, precise_utc
+from dispatch.admin.common import AttemptTimesMixin, ReadOnlyAdminMixin, precise_utc, utc_column
 from dispatch.admin.filters import LaneFilter, ScheduledRangeFilter, ScheduleIdFilter, StuckFilter
 from dispatch.errors import ReplayRefused
 from dispatch.models import Attempt, Occurrence, OccurrenceState
@@ -253,26 +253,11 @@ class OccurrenceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         ]
         return "; ".join(flag for flag in flags if flag) or "the schedule's rhythm"
 
-    @admin.display(description="available at")
-    def available_at_utc(self, occurrence: Occurrence) -> str:
-        return precise_utc(occurrence.available_at)
-
-    @admin.display(description="lease expires at")
-    def lease_expires_at_utc(self, occurrence: Occurrence) -> str:
-        return precise_utc(occurrence.lease_expires_at)
-
-    @admin.display(description="enqueued at")
-    def enqueued_at_utc(self, occurrence: Occurrence) -> str:
-        return precise_utc(occurrence.enqueued_at)
-
-    @admin.display(description="finished at")
-    def finished_at_utc(self, occurrence: Occurrence) -> str:
-        return precise_utc(occurrence.finished_at)
-
-    @admin.display(description="created at")
-    def created_at_utc(self, occurrence: Occurrence) -> str:
-        return precise_utc(occurrence.created_at)
-
+    available_at_utc = utc_column("available_at", "available at")
+    lease_expires_at_utc = utc_column("lease_expires_at", "lease expires at")
+    enqueued_at_utc = utc_column("enqueued_at", "enqueued at")
+    finished_at_utc = utc_column("finished_at", "finished at")
+    created_at_utc = utc_column("created_at", "created at")
     # -- the timeline --
 
     def render_change_form(self, request: HttpRequest, context: dict, add=False, change=False, form_url="", obj=None):

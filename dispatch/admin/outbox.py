@@ -12,7 +12,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from core.clock import db_now
-from dispatch.admin.common import ReadOnlyAdminMixin, precise_utc
+from dispatch.admin.common import ReadOnlyAdminMixin, utc_column
 from dispatch.admin.filters import QueueFilter
 from dispatch.models import OutboxMessage
 from scheduler_project.console import EXACT_COUNT_LIMIT, EstimatedCountPaginator, bounded_count, parse_uuid
@@ -96,13 +96,9 @@ class OutboxMessageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def tenant_slug(self, message: OutboxMessage) -> str:
         return getattr(message, "tenant_slug", None) or str(message.tenant_id)
 
-    @admin.display(description="available at", ordering="available_at")
-    def available_at_utc(self, message: OutboxMessage) -> str:
-        return precise_utc(message.available_at)
+    available_at_utc = utc_column("available_at", "available at", ordering="available_at")
 
-    @admin.display(description="published at", ordering="published_at")
-    def published_at_utc(self, message: OutboxMessage) -> str:
-        return precise_utc(message.published_at)
+    published_at_utc = utc_column("published_at", "published at", ordering="published_at")
 
     @admin.display(description="occurrences")
     def size(self, message: OutboxMessage) -> int:

@@ -33,7 +33,8 @@ from tests.integration.databases import (
 from tests.integration.processes import ROOT
 from tests.support import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.long]
+# One worker runs them all: the module fixture that starts every benchmark would otherwise run on each worker.
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.xdist_group("bench_commands")]
 
 # Fires due at one minute boundary: a horizon of 2 s lets the bench choose the next boundary ~20 s ahead.
 TINY = ("--horizon", "2", "--deadline", "90")
