@@ -1,10 +1,18 @@
-"""Cron syntax: strict parsing and normalisation of 5-field Vixie expressions and macros, without croniter."""
+"""Cron syntax: strict parsing and normalisation of 5-field Vixie expressions and macros, without croniter.
+
+Beyond Vixie, the day fields take the calendar extensions Quartz and EventBridge users know (docs/API.md, "The time
+model"): day-of-month `L` (the month's last day) and `NW` (the weekday nearest day N, within the month), day-of-week
+`D#N` (the N-th weekday D of the month) and `DL` (the month's last weekday D). Each may stand in a comma list beside
+plain values; none takes a range or a step.
+"""
 
 from __future__ import annotations
 
+import calendar
 import functools
 import re
 from dataclasses import dataclass
+from datetime import date
 
 __all__ = [
     "CronField",
@@ -83,6 +91,9 @@ class CronField:
     full: bool
     # Vixie decides the day-of-month/day-of-week OR rule on whether the field *starts with* "*" ("*/2" too).
     star: bool
+    # The day fields' calendar extensions, normalised: day-of-month ("l", "15w"), day-of-week ("5#2", "5l"); their
+    # days depend on the month, so they are not among `values`.
+    specials: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,68 @@ class CronSpec:
     @property
     def day_or(self) -> bool:
         return not (self.dom.star or self.dow.star)
+
+    @property
+    def has_specials(self) -> bool:
+        """Whether a day field uses L, W or # (croniter is never asked to walk those)."""
+        return bool(self.dom.specials or self.dow.specials)
+
+    def days_of(self, year: int, month: int) -> tuple[int, ...]:
+        """The days of that month the expression fires on (ascending), the Vixie day rule included; empty when the
+        month is not selected."""
+        return _days_of(self, year, month)
+
+    def day_matches(self, day: date) -> bool:
+        return day.day in _days_of(self, day.year, day.month)
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_SIZE)
+def _days_of(spec: CronSpec, year: int, month: int) -> tuple[int, ...]:
+    if month not in spec.month.values:
+        return ()
+    first_weekday, last = calendar.monthrange(year, month)  # Monday is 0 there; Sunday is 0 in cron
+    first_dow = (first_weekday + 1) % 7
+    every_day = set(range(1, last + 1))
+    dom = every_day if spec.dom.full else _month_days(spec.dom, year, month, last)
+    dow = every_day if spec.dow.full else _weekday_days(spec.dow, first_dow, last)
+    # Vixie: either day field matching is enough when both are restricted; a field starting with "*" makes it both.
+    return tuple(sorted(dom | dow if spec.day_or else dom & dow))
+
+
+def _month_days(field: CronField, year: int, month: int, last: int) -> set[int]:
+    days = {day for day in field.values if day <= last}
+    for special in field.specials:
+        if special == "l":
+            days.add(last)
+        else:  # "Nw": the weekday nearest day N, never leaving the month; no fire in a month without day N
+            target = int(special[:-1])
+            if target <= last:
+                days.add(_nearest_weekday(year, month, target, last))
+    return days
+
+
+def _nearest_weekday(year: int, month: int, day: int, last: int) -> int:
+    weekday = date(year, month, day).weekday()  # Monday 0 ... Saturday 5, Sunday 6
+    if weekday == 5:
+        return day - 1 if day > 1 else day + 2
+    if weekday == 6:
+        return day + 1 if day < last else day - 2
+    return day
+
+
+def _weekday_days(field: CronField, first_dow: int, last: int) -> set[int]:
+    days = {day for day in range(1, last + 1) if (first_dow + day - 1) % 7 in field.values}
+    for special in field.specials:
+        if special.endswith("l"):  # "Dl": the month's last weekday D
+            weekday = int(special[:-1])
+            last_dow = (first_dow + last - 1) % 7
+            days.add(last - (last_dow - weekday) % 7)
+        else:  # "D#N": the N-th weekday D, when the month has one
+            weekday, nth = (int(part) for part in special.split("#"))
+            day = 1 + (weekday - first_dow) % 7 + 7 * (nth - 1)
+            if day <= last:
+                days.add(day)
+    return days
 
 
 def normalize_cron(expr: str) -> str:
@@ -150,15 +223,52 @@ def _parse_checked(expr: str) -> CronSpec:
     return spec
 
 
+_DOM_SPECIAL_RE = re.compile(r"l|([0-9]+)w", re.ASCII)
+_DOW_SPECIAL_RE = re.compile(r"([0-9a-z]+?)(?:#([0-9]+)|l)", re.ASCII)
+
+
 def _parse_field(token: str, spec: _FieldSpec) -> CronField:
     values: set[int] = set()
+    specials: set[str] = set()
     for element in token.split(","):
-        values.update(_parse_element(element, token, spec))
+        special = _parse_special(element, token, spec)
+        if special is not None:
+            specials.add(special)
+        else:
+            values.update(_parse_element(element, token, spec))
     if spec.name == "day-of-week" and 7 in values:
         values.discard(7)
         values.add(0)
     span = 7 if spec.name == "day-of-week" else spec.high - spec.low + 1
-    return CronField(token, frozenset(values), len(values) == span, token.startswith("*"))
+    full = len(values) == span and not specials
+    return CronField(token, frozenset(values), full, token.startswith("*"), frozenset(specials))
+
+
+def _parse_special(element: str, token: str, spec: _FieldSpec) -> str | None:
+    """The normalised calendar extension `element` names in a day field, or None for a plain element."""
+    where = f"In the {spec.name} field {token[:40]!r}"
+    if spec.name == "day-of-month":
+        match = _DOM_SPECIAL_RE.fullmatch(element)
+        if match is None:
+            return None
+        if element == "l":
+            return "l"
+        day = int(match.group(1))
+        if not 1 <= day <= 31:
+            raise TimeRuleError("cron", f"{where}: '{element.upper()}' needs a day from 1 to 31 before the W.")
+        return f"{day}w"
+    if spec.name == "day-of-week":
+        match = _DOW_SPECIAL_RE.fullmatch(element)
+        if match is None or not (match.group(1).isdigit() or match.group(1) in spec.names):
+            return None
+        weekday = _parse_value(match.group(1), spec) % 7
+        if match.group(2) is None:
+            return f"{weekday}l"
+        nth = int(match.group(2))
+        if not 1 <= nth <= 5:
+            raise TimeRuleError("cron", f"{where}: the N of '#N' must be from 1 to 5 (a month has at most five).")
+        return f"{weekday}#{nth}"
+    return None
 
 
 def _parse_element(element: str, token: str, spec: _FieldSpec) -> range:
@@ -225,12 +335,17 @@ def _unsupported_syntax(element: str) -> str | None:
     if "?" in element:
         return "'?' is not supported; use '*'."
     if "#" in element:
-        return "'#' (nth weekday of the month) is not supported."
+        return "'#' (N-th weekday of the month) belongs in the day-of-week field alone, e.g. 'fri#2' or '5#2'."
     for part in re.split(r"[-/]", element):
-        if part in ("l", "lw") or re.fullmatch(r"[0-9]+l", part):
-            return "'L' (last day) is not supported."
+        if part == "lw":
+            return "'LW' is not supported; use 'L' (last day) or 'NW' (weekday nearest day N)."
+        if part == "l" or re.fullmatch(r"[0-9]+l", part) or (part.endswith("l") and part[:-1] in DOW_NAMES):
+            return (
+                "'L' belongs in the day-of-month field (last day of the month) or after a weekday in the "
+                "day-of-week field (e.g. '5L', the last Friday), alone: not in a range or a step."
+            )
         if re.fullmatch(r"[0-9]+w|w[0-9]*", part):
-            return "'W' (nearest weekday) is not supported."
+            return "'W' belongs after a day in the day-of-month field alone (e.g. '15W'): not in a range or a step."
         if part == "h" or part.startswith("h("):
             return "'H' (hashed values) is not supported."
         if part == "r" or part.startswith("r("):
@@ -241,9 +356,12 @@ def _unsupported_syntax(element: str) -> str | None:
 def _check_satisfiable(spec: CronSpec) -> None:
     # Under the OR rule any restricted weekday occurs every month, and with AND each calendar date falls on
     # every weekday over the years, so only a day-of-month that no selected month contains is hopeless.
-    if spec.day_or or spec.dom.full:
+    # The extensions: the last day occurs in every month, and a weekday's N-th or last occurrence in every month
+    # over the years (a fifth Monday in February too, in some leap years); a weekday nearest day N needs day N.
+    if spec.day_or or spec.dom.full or "l" in spec.dom.specials:
         return
-    if any(day <= _DAYS_IN_MONTH[month - 1] for month in spec.month.values for day in spec.dom.values):
+    days = spec.dom.values | {int(special[:-1]) for special in spec.dom.specials}
+    if any(day <= _DAYS_IN_MONTH[month - 1] for month in spec.month.values for day in days):
         return
     message = f"day-of-month {spec.dom.text!r} never occurs in month {spec.month.text!r}"
     raise TimeRuleError("cron", f"The expression never fires: {message}.")
@@ -275,7 +393,12 @@ def _field(spec: _FieldSpec) -> str:
     if spec.names:
         value = f"(?:{value}|{'|'.join(_any_case(name) for name in spec.names)})"
     step = f"/{_number(1, spec.high - spec.low + 1)}"
-    element = f"(?:(?:\\*|{value}-{value})(?:{step})?|{value})"
+    plain = f"(?:\\*|{value}-{value})(?:{step})?|{value}"
+    if spec.name == "day-of-month":  # L, and NW
+        plain += f"|[lL]|{value}[wW]"
+    elif spec.name == "day-of-week":  # D#N, and DL
+        plain += f"|{value}(?:#0*[1-5]|[lL])"
+    element = f"(?:{plain})"
     return f"{element}(?:,{element})*"
 
 

@@ -107,16 +107,11 @@ def _bisect(zone: zoneinfo.ZoneInfo, lo: datetime, hi: datetime, before: timedel
 
 
 def _matches(spec: CronSpec, wall: datetime) -> bool:
-    """Whether the expression selects this wall-clock minute (the Vixie rule for the two day fields)."""
-    if (
-        wall.minute not in spec.minute.values
-        or wall.hour not in spec.hour.values
-        or wall.month not in spec.month.values
-    ):
+    """Whether the expression selects this wall-clock minute (its days as the time rules walk them: the Vixie rule
+    for the two day fields and the calendar extensions)."""
+    if wall.minute not in spec.minute.values or wall.hour not in spec.hour.values:
         return False
-    dom = wall.day in spec.dom.values
-    dow = wall.isoweekday() % 7 in spec.dow.values
-    return (dom or dow) if spec.day_or else (dom and dow)
+    return spec.day_matches(wall.date())
 
 
 def _affected(spec: CronSpec, change: ClockChange) -> list[datetime]:

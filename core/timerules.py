@@ -11,7 +11,7 @@ import functools
 import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import MAXYEAR, UTC, datetime, time, timedelta
 
 from croniter import CroniterBadDateError, croniter
 
@@ -30,6 +30,8 @@ __all__ = [
     "zone_names",
 ]
 
+# How far ahead a walk looks for an expression's next fire before it says there is none: croniter's own bound.
+SEARCH_YEARS = 50
 # One entry per distinct (expression, zone) pair: tenants share a handful of rhythms, so this stays small.
 COMPILE_CACHE_SIZE = 4096
 # The materializer asks for the next fire of many schedules at the same instants; ~100 bytes per entry.
@@ -90,17 +92,20 @@ def _zones_by_lowercase() -> dict[str, str]:
 
 @dataclass(frozen=True, eq=False)
 class _Plan:
-    """A compiled (expression, zone) pair; `template` is copied per use because croniter is stateful."""
+    """A compiled (expression, zone) pair; `template` is copied per use because croniter is stateful. None for an
+    expression with calendar extensions (L, W, #), which its parsed fields walk instead."""
 
     spec: CronSpec
     zone: zoneinfo.ZoneInfo
-    template: croniter
+    template: croniter | None
 
 
 @functools.lru_cache(maxsize=COMPILE_CACHE_SIZE)
 def _compile(expression: str, timezone: str) -> _Plan:
     spec = parse_cron(expression)
     zone = parse_timezone(timezone)
+    if spec.has_specials:
+        return _Plan(spec, zone, None)
     # croniter only ever sees plain number lists that we validated, so none of its dialect extensions (or
     # its reading of "*/2" in the day fields) can leak in; day_or carries the Vixie day rule explicitly.
     dom, dow = spec.dom, spec.dow
@@ -139,7 +144,6 @@ def _iter_cron(plan: _Plan, after: datetime) -> Iterator[datetime]:
     fall-back hour its wall time is repeated; the first-pass instants of that hour fall before it and are
     dropped in step 3, which is the "fires once, at the first instant" rule.
     """
-    walker = copy.copy(plan.template)
     try:
         start = after.astimezone(plan.zone).replace(tzinfo=None)
     except OverflowError:
@@ -147,10 +151,12 @@ def _iter_cron(plan: _Plan, after: datetime) -> Iterator[datetime]:
         if after.year > 1:
             return
         start = datetime.min
-    walker.set_current(start)
+    walls = _croniter_walls(plan.template, start) if plan.template is not None else _calendar_walls(plan.spec, start)
     while True:
         try:
-            wall = walker.get_next(datetime)
+            wall = next(walls, None)
+            if wall is None:
+                return
             instant = _to_instant(wall, plan.zone)
         except CroniterBadDateError:
             return  # nothing matches within croniter's 50-year search
@@ -158,6 +164,36 @@ def _iter_cron(plan: _Plan, after: datetime) -> Iterator[datetime]:
             return  # the walk ran off the end of datetime's range (year 9999)
         if instant is not None and instant > after:
             yield instant
+
+
+def _croniter_walls(template: croniter, start: datetime) -> Iterator[datetime]:
+    walker = copy.copy(template)
+    walker.set_current(start)
+    while True:
+        yield walker.get_next(datetime)
+
+
+@functools.lru_cache(maxsize=COMPILE_CACHE_SIZE)
+def _times_of_day(spec: CronSpec) -> tuple[time, ...]:
+    return tuple(time(hour, minute) for hour in sorted(spec.hour.values) for minute in sorted(spec.minute.values))
+
+
+def _calendar_walls(spec: CronSpec, start: datetime) -> Iterator[datetime]:
+    """The wall-clock times strictly after `start`, ascending, of an expression with calendar extensions: month by
+    month, each month's days from the parsed fields (CronSpec.days_of), for as long as croniter would search."""
+    times = _times_of_day(spec)
+    year, month = start.year, start.month
+    for _ in range(SEARCH_YEARS * 12):
+        for day in spec.days_of(year, month):
+            if (year, month, day) < (start.year, start.month, start.day):
+                continue
+            for moment in times:
+                wall = datetime(year, month, day, moment.hour, moment.minute)
+                if wall > start:
+                    yield wall
+        year, month = (year, month + 1) if month < 12 else (year + 1, 1)
+        if year > MAXYEAR:
+            return
 
 
 @functools.lru_cache(maxsize=NEXT_FIRE_CACHE_SIZE)

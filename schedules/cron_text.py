@@ -23,6 +23,7 @@ _MONTH_TITLES = (
     "November",
     "December",
 )
+_NTH = ("first", "second", "third", "fourth", "fifth")
 _DOW_TITLES = ("Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday")
 # Read from the field's text: "*/15" and "0,15,30,45" select the same values but read differently.
 _STEP_RE = re.compile(r"\*/([0-9]+)")
@@ -82,14 +83,14 @@ def _describe_days(spec: CronSpec) -> str | None:
         month_text = " in " + _join_runs(months, lambda m: _MONTH_TITLES[m - 1], " through ")
     if spec.day_or and (dom.full or dow.full):
         return month_text.strip()
-    dom_text = "" if dom.full else _describe_dom(sorted(dom.values))
-    dow_text = "" if dow.full else _join_runs(sorted(dow.values), lambda d: _DOW_TITLES[d], " through ")
+    dom_text = "" if dom.full else _describe_dom(sorted(dom.values), dom.specials)
+    dow_text = "" if dow.full else _describe_dow(sorted(dow.values), dow.specials)
     if dom_text and dow_text:
         if not spec.day_or:
             return None  # Vixie's "both must match" reading has no short English phrasing
         return f"on {dom_text} or on {dow_text}{month_text}"
     if dom_text:
-        if len(dom.values) == 1 and len(months) == 1:
+        if len(dom.values) == 1 and not dom.specials and len(months) == 1:
             return f"on {_MONTH_TITLES[months[0] - 1]} {min(dom.values)}"
         return f"on {dom_text}{month_text}"
     if dow_text:
@@ -97,9 +98,27 @@ def _describe_days(spec: CronSpec) -> str | None:
     return month_text.strip()
 
 
-def _describe_dom(days: list[int]) -> str:
-    label = "day" if len(days) == 1 else "days"
-    return f"{label} {_join_runs(days, str, '-')} of the month"
+def _describe_dom(days: list[int], specials: frozenset[str]) -> str:
+    parts = []
+    if days:
+        label = "day" if len(days) == 1 else "days"
+        parts.append(f"{label} {_join_runs(days, str, '-')} of the month")
+    if "l" in specials:
+        parts.append("the last day of the month")
+    nearest = sorted(int(special[:-1]) for special in specials if special.endswith("w"))
+    parts.extend(f"the weekday nearest day {day} of the month" for day in nearest)
+    return _join(parts)
+
+
+def _describe_dow(weekdays: list[int], specials: frozenset[str]) -> str:
+    parts = [_join_runs(weekdays, lambda d: _DOW_TITLES[d], " through ")] if weekdays else []
+    for special in sorted(specials):
+        if special.endswith("l"):
+            parts.append(f"the last {_DOW_TITLES[int(special[:-1])]} of the month")
+        else:
+            weekday, nth = (int(part) for part in special.split("#"))
+            parts.append(f"the {_NTH[nth - 1]} {_DOW_TITLES[weekday]} of the month")
+    return _join(parts)
 
 
 def _join_runs(values: list[int], label: Callable[[int], str], dash: str) -> str:

@@ -144,7 +144,11 @@ CRON_DESCRIPTION = (
     "macro (@yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly). The pattern states all of that. "
     "Two rules it leaves to this text: a range ascends ('5-3' is refused), and when the day-of-week field starts "
     "with '*', a selected day-of-month must occur in a selected month ('0 0 31 2 *' never fires and is refused). "
-    "When both day fields are restricted, a day matching either fires."
+    "When both day fields are restricted, a day matching either fires. The day fields also take the calendar "
+    "extensions, alone or in a list, never in a range or with a step: day-of-month 'L' (the month's last day) and "
+    "'NW' (the weekday nearest day N, within the month: '15W'), day-of-week 'D#N' (the N-th weekday D of the "
+    "month, N 1-5: 'fri#2') and 'DL' (the month's last weekday D: '5L'). A weekday nearest a day the month lacks, "
+    "or a fifth weekday it lacks, does not fire that month."
 )
 
 

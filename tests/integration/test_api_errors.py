@@ -134,7 +134,11 @@ def test_an_unknown_time_zone_answers_400(api, cron_body, zone):
         "0 30 2 * * *",  # six fields (seconds)
         "61 * * * *",
         "L",
-        "0 0 L * *",
+        "0 0 L-2 * *",  # L takes no range
+        "L 0 * * *",  # L in the wrong field
+        "0 0 * * L",  # a weekday's L needs the weekday
+        "0 0 LW * *",
+        "0 0 * * 1#6",
         "@reboot",
         "",
         "   ",

@@ -184,7 +184,7 @@ def test_burst_went_through_a_real_materializer_and_relay_to_the_broker(bench_ru
 
 def test_drain_ran_every_fire_once_through_a_real_worker(bench_runs):
     result = bench_runs["drain"].result()
-    assert result["executed"] == 300
+    assert result["executed"] == 300, result
     assert result["effects"] == 300 and result["duplicate_effects"] == 0
     assert result["attempts"] >= 300
     assert {"materializer-1", "relay-1", "worker-1"} <= set(result["peak_rss_mb"])

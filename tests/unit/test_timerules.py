@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -57,23 +58,61 @@ def ref_field(text: str, low: int, high: int, names: list[str], base: int) -> se
     return out
 
 
+def ref_split(text: str, special: str) -> tuple[str, list[str]]:
+    """A day field's plain items (as one field text, "" when none) and its calendar extensions."""
+    items = text.split(",")
+    specials = [item for item in items if re.fullmatch(special, item)]
+    return ",".join(item for item in items if item not in specials), specials
+
+
+def ref_weekday(text: str) -> int:
+    return (REF_DOWS.index(text) if text in REF_DOWS else int(text)) % 7
+
+
+def ref_month_days(day: date) -> list[date]:
+    first = day.replace(day=1)
+    return [first + timedelta(days=n) for n in range(31) if (first + timedelta(days=n)).month == day.month]
+
+
+def ref_dom_special(item: str, day: date) -> bool:
+    """L: no later day in the month. NW: of the month's Monday-to-Friday days, the one closest to day N."""
+    days = ref_month_days(day)
+    if item == "l":
+        return day == days[-1]
+    target = int(item[:-1])
+    if target > len(days):
+        return False
+    weekdays = [d for d in days if d.isoweekday() <= 5]
+    return day == min(weekdays, key=lambda d: abs(d.day - target))
+
+
+def ref_dow_special(item: str, day: date) -> bool:
+    """D#N: weekday D, and N-1 earlier ones in the month. DL: weekday D, and none a week later in the month."""
+    if "#" in item:
+        weekday, nth = item.split("#")
+        return day.isoweekday() % 7 == ref_weekday(weekday) and (day.day - 1) // 7 + 1 == int(nth)
+    return day.isoweekday() % 7 == ref_weekday(item[:-1]) and (day + timedelta(days=7)).month != day.month
+
+
 class RefCron:
     def __init__(self, expr: str) -> None:
         expr = expr.strip().lower()
         fields = REF_MACROS.get(expr, expr).split()
         self.minutes = ref_field(fields[0], 0, 59, [], 0)
         self.hours = ref_field(fields[1], 0, 23, [], 0)
-        self.doms = ref_field(fields[2], 1, 31, [], 0)
+        dom_plain, self.dom_specials = ref_split(fields[2], r"l|[0-9]+w")
+        dow_plain, self.dow_specials = ref_split(fields[4], r"[0-9a-z]+(#[0-9]+|l)")
+        self.doms = ref_field(dom_plain, 1, 31, [], 0) if dom_plain else set()
         self.months = ref_field(fields[3], 1, 12, REF_MONTHS, 1)
-        self.dows = {day % 7 for day in ref_field(fields[4], 0, 7, REF_DOWS, 0)}
+        self.dows = {day % 7 for day in ref_field(dow_plain, 0, 7, REF_DOWS, 0)} if dow_plain else set()
         # Vixie: a day field that starts with "*" turns the OR rule into AND.
         self.day_and = fields[2].startswith("*") or fields[4].startswith("*")
 
     def day_matches(self, day: date) -> bool:
         if day.month not in self.months:
             return False
-        dom_ok = day.day in self.doms
-        dow_ok = day.isoweekday() % 7 in self.dows
+        dom_ok = day.day in self.doms or any(ref_dom_special(item, day) for item in self.dom_specials)
+        dow_ok = day.isoweekday() % 7 in self.dows or any(ref_dow_special(item, day) for item in self.dow_specials)
         return (dom_ok and dow_ok) if self.day_and else (dom_ok or dow_ok)
 
 
@@ -228,6 +267,25 @@ def cron_expressions(draw: st.DrawFn) -> str:
 
 
 @st.composite
+def extension_expressions(draw: st.DrawFn) -> str:
+    """Expressions with the calendar extensions, alone, in lists and beside plain values under either day rule; at
+    hours where clocks change, in months where each extension fires at least every few years."""
+    minute = draw(st.sampled_from(["0", "30", "*/30", "15,45"]))
+    hour = draw(st.sampled_from(["0", "1", "2", "3", "1-3", "*/6", "23", "*"]))
+    dom = draw(st.sampled_from(["*", "*", "l", "15w", "1w", "31w", "30w", "28w", "1,l", "l,15w", "13", "*/2", "1-7"]))
+    month = draw(st.sampled_from(["*", "*", "3,10", "11-12", "1-6", "4,9"]))
+    dow = draw(
+        st.sampled_from(["*", "*", "5l", "fri#2", "1#5", "0#1,6l", "sun#5", "7l", "1-5", "mon#1", "wed#3,thu", "sat"])
+    )
+    expr = f"{minute} {hour} {dom} {month} {dow}"
+    try:
+        normalize_cron(expr)
+    except TimeRuleError:
+        assume(False)
+    return expr
+
+
+@st.composite
 def instants_near_transitions(draw: st.DrawFn, zone_name: str) -> datetime:
     edges = transitions(zone_name)
     if not edges or draw(st.integers(0, 4)) == 0:
@@ -257,6 +315,27 @@ def test_fires_match_the_brute_force_reference(case: tuple[str, str, datetime]) 
             break
     assert got == expected
     assert rule.next_after(after) == (expected[0] if expected else None)
+
+
+@settings(max_examples=examples(1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(extension_expressions(), st.sampled_from(ZONES), st.data())
+def test_extension_fires_match_the_brute_force_reference(expr: str, zone: str, data: st.DataObject) -> None:
+    after = data.draw(instants_near_transitions(zone))
+    rule = TimeRule(kind="cron", timezone=zone, cron=expr)
+    expected = ref_fires_after(expr, zone, after, 6)
+    got = list(itertools.islice(rule.iter_after(after), len(expected)))
+    assert got == expected
+    assert rule.next_after(after) == (expected[0] if expected else None)
+
+
+def test_the_reference_reads_the_extensions_as_hand_counted() -> None:
+    # February 2026 starts on a Sunday; 1 August 2026 is a Saturday; 31 May 2026 a Sunday.
+    assert ref_fires_after("0 0 l * *", "UTC", utc(2026, 2, 1), 1) == [utc(2026, 2, 28)]
+    assert ref_fires_after("0 0 15w * *", "UTC", utc(2026, 2, 1), 1) == [utc(2026, 2, 16)]
+    assert ref_fires_after("0 0 1w 8 *", "UTC", utc(2026, 7, 1), 1) == [utc(2026, 8, 3)]
+    assert ref_fires_after("0 0 31w 5 *", "UTC", utc(2026, 5, 1), 1) == [utc(2026, 5, 29)]
+    assert ref_fires_after("0 0 * * fri#2", "UTC", utc(2026, 2, 1), 1) == [utc(2026, 2, 13)]
+    assert ref_fires_after("0 0 * * 5l", "UTC", utc(2026, 2, 1), 1) == [utc(2026, 2, 27)]
 
 
 @settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -474,10 +553,17 @@ def test_once_fires_exactly_at_run_at_and_only_before_it() -> None:
         ("0 0 * * * *", "got 6. Seconds and year fields are not supported"),
         ("0 0 0 * * * 2026", "got 7"),
         ("0 0 *", "got 3"),
-        ("0 0 L * *", "'L' (last day)"),
-        ("0 0 * * 5L", "'L' (last day)"),
-        ("0 0 15W * *", "'W' (nearest weekday)"),
-        ("0 0 * * 1#2", "'#' (nth weekday"),
+        ("0 0 L-5 * *", "'L' belongs in the day-of-month field"),
+        ("0 0 * * L", "'L' belongs in the day-of-month field"),
+        ("L 0 * * *", "In the minute field 'l': 'L' belongs"),
+        ("0 0 * * 5W", "'W' belongs after a day in the day-of-month field"),
+        ("0 0 1-15W * *", "'W' belongs after a day"),
+        ("0 0 1#2 * *", "'#' (N-th weekday of the month) belongs in the day-of-week field"),
+        ("0 0 * * 1#6", "the N of '#N' must be from 1 to 5"),
+        ("0 0 * * 1#2/2", "'#' (N-th weekday of the month) belongs in the day-of-week field alone"),
+        ("0 0 LW * *", "'LW' is not supported"),
+        ("0 0 32W * *", "needs a day from 1 to 31"),
+        ("0 0 30W 2 *", "never fires"),
         ("0 0 ? * *", "'?' is not supported"),
         ("H * * * *", "'H' (hashed"),
         ("H(0-29)/10 * * * *", "'H' (hashed"),
