@@ -5,10 +5,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
 # Both test tiers run on this many pytest-xdist workers, each with its own test database and queues. The process tests
-# mostly wait, so three share two cores well. Tests go out one at a time, slow ones first: in xdist's default chunks
-# the first worker took every slow test while the others sat idle. The long tier keeps the tests of an `xdist_group`
-# on one worker (the benchmark runs share one costly module fixture); make test cannot group, since schemathesis
-# gives its fifteen operations one test id and grouping keys tests by id (it would run one of them).
+# mostly wait, so three share two cores well. make test deals tests out one at a time, slow ones first: in xdist's
+# default chunks the first worker took every slow test while the others sat idle. The long tier deals them out file
+# by file: the benchmark runs share one costly module fixture, which would otherwise start on every worker (and the
+# crash matrix's points then run one after another, beside it). Neither tier groups by xdist_group marks: under
+# pytest 9.2 those silently do nothing, each test still goes its own way.
 TEST_WORKERS ?= 3
 # Python writes its bytecode caches even where the environment says not to: the tests start a few hundred processes
 # (materializers, relays, workers, commands), and each would compile the project's modules again; pytest keeps its
@@ -60,7 +61,7 @@ test: install services
 # Chromium in parallel, then the tests that need the machine to themselves (they restart the shared broker or bound
 # timings), one at a time.
 test-long: install services browser
-	$(PYTEST) --durations=10 $(XDIST) --dist loadgroup -m "long and not exclusive"
+	$(PYTEST) --durations=10 $(XDIST) --dist loadfile -m "long and not exclusive"
 	$(PYTEST) --durations=10 -m exclusive
 
 # The unit tier: no PostgreSQL, no RabbitMQ (their addresses point at a closed port, so a test that reached for one

@@ -33,9 +33,9 @@ from tests.integration.databases import (
 from tests.integration.processes import ROOT
 from tests.support import wait_for
 
-# One worker runs them all: the module fixture that starts every benchmark would otherwise run on each worker. The
-# crash matrix takes turns with them there (see its module).
-pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.xdist_group("deployments")]
+# make test-long deals out its tests file by file (--dist loadfile): one worker runs them all, so the module fixture
+# that starts every benchmark runs once, not on each worker.
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 # Fires due at one minute boundary: a horizon of 2 s lets the bench choose the next boundary ~20 s ahead.
 TINY = ("--horizon", "2", "--deadline", "90")

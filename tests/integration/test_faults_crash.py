@@ -10,15 +10,7 @@ import pytest
 from dispatch.bench.crash_matrix import CrashMatrix, table
 from dispatch.engine.faults import POINTS
 
-# Each point starts a deployment of its own (materializer, relay, workers), as each benchmark run does: on one
-# worker they take turns. Beside the benchmark runs on two cores, a drain run once ended 3 of its 300 fires
-# unsucceeded within its wait.
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.long,
-    pytest.mark.xdist_group("deployments"),
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.django_db(transaction=True)]
 
 # The bar for CI: at least ten deaths at every point.
 ITERATIONS = int(os.environ.get("SCHEDULER_CRASH_ITERATIONS", "10"))
