@@ -218,9 +218,23 @@ def _parse_checked(expr: str) -> CronSpec:
     minute, hour, dom, month, dow = (
         _parse_field(token, spec) for token, spec in zip(tokens, _FIELD_SPECS, strict=True)
     )
+    if dom.specials or dow.specials:
+        normalized = " ".join([*tokens[:2], _capital_l_and_w(tokens[2]), tokens[3], _capital_l_and_w(tokens[4])])
     spec = CronSpec(normalized, minute, hour, dom, month, dow)
     _check_satisfiable(spec)
     return spec
+
+
+def _capital_l_and_w(token: str) -> str:
+    """A day field with the extensions' L and W in capitals, as written in docs/API.md: lowercased, "5l" reads as
+    fifty-one. Names stay lowercase ("fri#2")."""
+    items = token.split(",")
+    return ",".join(
+        item[:-1] + item[-1].upper()
+        if _DOM_SPECIAL_RE.fullmatch(item) or (_DOW_SPECIAL_RE.fullmatch(item) and item.endswith("l"))
+        else item
+        for item in items
+    )
 
 
 _DOM_SPECIAL_RE = re.compile(r"l|([0-9]+)w", re.ASCII)

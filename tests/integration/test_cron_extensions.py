@@ -62,11 +62,22 @@ def body(cron: str, zone: str = "America/New_York", name: str = "extension") -> 
 def test_an_extension_is_accepted_and_previewed_on_the_days_it_names(api_a, cron, zone, expected):
     created = api_a.post(SCHEDULES, body(cron, zone), format="json")
     assert created.status_code == 201, created.content
-    assert created.json()["cron"] == cron.lower()
+    assert created.json()["cron"] == cron  # written as stored: L and W in capitals, names in lowercase
 
     assert preview(api_a, body(cron, zone), after=YEAR_START - timedelta(seconds=1), count=len(expected)) == expected
     response = api_a.get(f"{SCHEDULES}{created.json()['id']}/preview/", {"after": "2025-12-31T23:59:59Z", "count": 3})
     assert [datetime.fromisoformat(fire["at"]) for fire in response.json()["fires"]] == expected[:3]
+
+
+@pytest.mark.parametrize(
+    ("written", "stored"),
+    [("0 18 * * 5l", "0 18 * * 5L"), ("0 9 15w * *", "0 9 15W * *"), ("0 0 1,l * FRIl", "0 0 1,L * friL")],
+)
+def test_the_stored_expression_spells_l_and_w_in_capitals_so_5l_never_reads_as_51(api_a, written, stored):
+    created = api_a.post(SCHEDULES, body(written), format="json")
+
+    assert created.status_code == 201, created.content
+    assert created.json()["cron"] == stored
 
 
 @pytest.mark.parametrize(
