@@ -12,7 +12,7 @@ import calendar
 import functools
 import re
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, datetime
 
 __all__ = [
     "CronField",
@@ -123,6 +123,12 @@ class CronSpec:
 
     def day_matches(self, day: date) -> bool:
         return day.day in _days_of(self, day.year, day.month)
+
+    def matches(self, wall: datetime) -> bool:
+        """Whether the expression selects this wall-clock minute (its days by the Vixie rule and the extensions)."""
+        if wall.minute not in self.minute.values or wall.hour not in self.hour.values:
+            return False
+        return self.day_matches(wall.date())
 
 
 @functools.lru_cache(maxsize=PARSE_CACHE_SIZE)

@@ -1,9 +1,10 @@
 """Where a zone's clock changes meet a rule's fires: the notes a preview shows beside them.
 
 The time rules (core/timerules.py; docs/API.md, "Time rules") skip a wall-clock time that does not exist that
-day (spring forward) and fire a repeated one once, at its first instant (fall back). Both are silent in a list of
-fires: a day is just missing, or an hour looks ordinary. These notes say so, in the words an operator checks a rule
-with. An interval rule is elapsed time, which a clock change never moves: its note says that its fires read
+day (spring forward) and fire a repeated one once, at its first instant (fall back), unless the rule's DST policy
+says otherwise (shift the skipped time; fire the repeated one at its last instant, or both). Each is silent in a
+list of fires: a day is just missing, or an hour looks ordinary. These notes say so, in the words an operator checks
+a rule with. An interval rule is elapsed time, which a clock change never moves: its note says that its fires read
 differently on the local clock from then on (a daily interval at 09:00 EST is at 10:00 EDT after spring forward).
 
 No croniter here: the parsed fields (core.cron_syntax) are matched against the few wall-clock minutes a clock
@@ -17,7 +18,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from core.cron_syntax import CronSpec, TimeRuleError, parse_cron
-from core.timerules import parse_timezone
+from core.timerules import cron_walls_in, parse_timezone
+from core.zone_changes import ClockChange
+from core.zone_changes import clock_changes as zone_clock_changes
 
 __all__ = [
     "ClockChange",
@@ -30,9 +33,6 @@ __all__ = [
     "upcoming_interval_dst_notes",
 ]
 
-# Offsets are sampled this far apart, then bisected. Real zones change at most a few times a year, never twice in
-# six hours, so no change is stepped over.
-SAMPLE_STEP = timedelta(hours=6)
 # A preview of 100 fires of a yearly rule spans a century; its notes cover the first years only, which bounds the
 # sampling (about 7,300 offsets) for a request made on every keystroke.
 MAX_SCAN = timedelta(days=5 * 366)
@@ -41,90 +41,23 @@ LISTED_TIMES = 4
 
 
 @dataclass(frozen=True)
-class ClockChange:
-    """One change of a zone's UTC offset: `at` is the first instant (UTC) on the new offset."""
-
-    at: datetime
-    before: timedelta
-    after: timedelta
-
-    @property
-    def is_gap(self) -> bool:
-        """Spring forward: the clock jumps ahead, and the wall times in between never happen."""
-        return self.after > self.before
-
-    def wall_range(self) -> tuple[datetime, datetime]:
-        """The naive wall-clock times the change affects, [start, end): skipped in a gap, repeated in a fold."""
-        if self.is_gap:
-            start = (self.at + self.before).replace(tzinfo=None)
-            return start, start + (self.after - self.before)
-        start = (self.at + self.after).replace(tzinfo=None)
-        return start, start + (self.before - self.after)
-
-
-@dataclass(frozen=True)
 class DstNote:
     """A note for a preview. `at` orders it among the fires; `fires` are the fires it explains (a repeated time's
     first instants), none for skipped times, which have no fire."""
 
-    kind: str  # "skipped" | "repeated" (cron), "elapsed" (interval)
+    kind: str  # "skipped" | "shifted" | "repeated" (cron), "elapsed" (interval)
     at: datetime
     text: str
     fires: tuple[datetime, ...] = ()
 
 
-def _offset(zone: zoneinfo.ZoneInfo, instant: datetime) -> timedelta:
-    return instant.astimezone(zone).utcoffset() or timedelta(0)
-
-
 def clock_changes(zone: zoneinfo.ZoneInfo, since: datetime, until: datetime) -> list[ClockChange]:
-    """Every offset change of `zone` with since < at <= until (aware instants), in time order."""
-    changes: list[ClockChange] = []
-    lo = since.astimezone(UTC)
-    until = min(until.astimezone(UTC), lo + MAX_SCAN)
-    lo_offset = _offset(zone, lo)
-    while lo < until:
-        hi = min(lo + SAMPLE_STEP, until)
-        hi_offset = _offset(zone, hi)
-        if hi_offset != lo_offset:
-            changes.append(_bisect(zone, lo, hi, lo_offset, hi_offset))
-        lo, lo_offset = hi, hi_offset
-    return changes
-
-
-def _bisect(zone: zoneinfo.ZoneInfo, lo: datetime, hi: datetime, before: timedelta, after: timedelta) -> ClockChange:
-    while hi - lo > timedelta(milliseconds=1):
-        mid = lo + (hi - lo) / 2
-        if _offset(zone, mid) == before:
-            lo = mid
-        else:
-            hi = mid
-    # Zones change on whole seconds: the first instant on the new offset is within a millisecond of `hi`.
-    at = (hi + timedelta(microseconds=500_000)).replace(microsecond=0)
-    if _offset(zone, at) != after:
-        at = hi
-    return ClockChange(at=at, before=before, after=after)
-
-
-def _matches(spec: CronSpec, wall: datetime) -> bool:
-    """Whether the expression selects this wall-clock minute (its days as the time rules walk them: the Vixie rule
-    for the two day fields and the calendar extensions)."""
-    if wall.minute not in spec.minute.values or wall.hour not in spec.hour.values:
-        return False
-    return spec.day_matches(wall.date())
+    """The zone's changes with since < at <= until, for at most MAX_SCAN after `since`."""
+    return zone_clock_changes(zone, since, min(until.astimezone(UTC), since.astimezone(UTC) + MAX_SCAN))
 
 
 def _affected(spec: CronSpec, change: ClockChange) -> list[datetime]:
-    start, end = change.wall_range()
-    matched = []
-    wall = start.replace(second=0, microsecond=0)
-    if wall < start:
-        wall += timedelta(minutes=1)
-    while wall < end:
-        if _matches(spec, wall):
-            matched.append(wall)
-        wall += timedelta(minutes=1)
-    return matched
+    return cron_walls_in(spec, *change.wall_range())
 
 
 def _times(walls: list[datetime]) -> str:
@@ -136,7 +69,15 @@ def _times(walls: list[datetime]) -> str:
     return f"{texts[0]} to {texts[-1]} ({len(texts)} times)"
 
 
-def dst_notes(cron: str, timezone: str, *, after: datetime, fires: list[datetime]) -> list[DstNote]:
+def dst_notes(
+    cron: str,
+    timezone: str,
+    *,
+    after: datetime,
+    fires: list[datetime],
+    dst_gap: str | None = None,
+    dst_repeat: str | None = None,
+) -> list[DstNote]:
     """Notes for the clock changes among a preview's fires (strictly after `after`, up to the last fire).
 
     A skipped time is noted when its change falls in that span; a repeated one when its first instant (the one that
@@ -153,14 +94,21 @@ def dst_notes(cron: str, timezone: str, *, after: datetime, fires: list[datetime
     notes = []
     # A repeated time's first instant lies before its change (by up to the size of the fold): look a day past `last`.
     for change in clock_changes(zone, after, last + timedelta(days=1)):
-        note = _note(spec, zone, timezone, change, after=after, until=last)
+        note = _note(spec, zone, timezone, change, after=after, until=last, policy=(dst_gap, dst_repeat))
         if note is not None:
             notes.append(note)
     return notes
 
 
 def upcoming_dst_notes(
-    cron: str, timezone: str, *, after: datetime, within: timedelta = timedelta(days=366), limit: int = 2
+    cron: str,
+    timezone: str,
+    *,
+    after: datetime,
+    within: timedelta = timedelta(days=366),
+    limit: int = 2,
+    dst_gap: str | None = None,
+    dst_repeat: str | None = None,
 ) -> list[DstNote]:
     """The next `limit` clock changes after `after` (within a year) that touch the rule's wall times: what a short
     preview cannot show yet ("30 2 * * *" in New York, previewed in December, skips 02:30 in March)."""
@@ -170,7 +118,8 @@ def upcoming_dst_notes(
     spec, zone = parsed
     notes = []
     for change in clock_changes(zone, after, after + within):
-        note = _note(spec, zone, timezone, change, after=after, until=after + within + timedelta(days=1))
+        until = after + within + timedelta(days=1)
+        note = _note(spec, zone, timezone, change, after=after, until=until, policy=(dst_gap, dst_repeat))
         if note is not None:
             notes.append(note)
             if len(notes) >= limit:
@@ -186,49 +135,94 @@ def _parse(cron: str, timezone: str) -> tuple[CronSpec, zoneinfo.ZoneInfo] | Non
 
 
 def _note(
-    spec: CronSpec, zone: zoneinfo.ZoneInfo, timezone: str, change: ClockChange, *, after: datetime, until: datetime
+    spec: CronSpec,
+    zone: zoneinfo.ZoneInfo,
+    timezone: str,
+    change: ClockChange,
+    *,
+    after: datetime,
+    until: datetime,
+    policy: tuple[str | None, str | None] = (None, None),
 ) -> DstNote | None:
-    """The note for one change, when it touches the rule's wall times within (after, until]."""
+    """The note for one change, when it touches the rule's wall times within (after, until], in the words of the
+    rule's DST policy (dst_gap, dst_repeat; None is the default)."""
     walls = _affected(spec, change)
     if not walls:
         return None
+    gap, repeat = policy[0] or "skip", policy[1] or "first"
     day = f"{walls[0]:%Y-%m-%d}"
     if change.is_gap:
-        if not after < change.at <= until:
-            return None
-        verb = "does not exist" if len(walls) == 1 else "do not exist"
-        start, end = change.wall_range()
-        # A jump across midnight (Pacific/Apia skipped all of 2011-12-30) needs the dates to read right.
-        clock = "%H:%M" if start.date() == end.date() else "%Y-%m-%d %H:%M"
-        return DstNote(
-            kind="skipped",
-            at=change.at,
-            text=f"{_times(walls)} {verb} on {day} in {timezone}: skipped "
-            f"(the clocks jump from {start:{clock}} to {end:{clock}}).",
-        )
-    # fold=0: the first pass of a repeated hour is on the offset from before the change.
+        return _gap_note(walls, zone, timezone, change, after=after, until=until, shift=gap == "shift")
+    # fold=0: the first pass of a repeated hour is on the offset from before the change; fold=1 the second.
     firsts = tuple((wall - change.before).replace(tzinfo=UTC) for wall in walls)
-    shown = tuple(first for first in firsts if after < first <= until)
+    seconds = tuple((wall - change.after).replace(tzinfo=UTC) for wall in walls)
+    fired = {"first": firsts, "last": seconds, "both": tuple(sorted(firsts + seconds))}[repeat]
+    shown = tuple(fire for fire in fired if after < fire <= until)
     if not shown:
         return None
-    first_local = shown[0].astimezone(zone)
-    second_zone = (shown[0] + (change.before - change.after)).astimezone(zone).tzname()
-    if len(walls) == 1:
+    one = len(walls) == 1
+    times, occur = _times(walls), "occurs" if one else "occur"
+    first_zone = firsts[0].astimezone(zone).tzname()
+    second_zone = seconds[0].astimezone(zone).tzname()
+    if repeat == "both":
         text = (
-            f"On {day} in {timezone}, {_times(walls)} occurs twice: fires once, at the first "
-            f"({first_local:%H:%M} {first_local.tzname()}, {shown[0]:%H:%M} UTC), not at {walls[0]:%H:%M} "
-            f"{second_zone}."
+            f"On {day} in {timezone}, {times} {occur} twice: {'fires' if one else 'each fires'} at both, "
+            f"in {first_zone} and again in {second_zone} (dst_repeat 'both')."
         )
     else:
-        text = (
-            f"On {day} in {timezone}, {_times(walls)} occur twice: each fires once, at the first "
-            f"({first_local.tzname()}), not again in {second_zone}."
-        )
+        which, other = ("first", second_zone) if repeat == "first" else ("second", first_zone)
+        local = shown[0].astimezone(zone)
+        if one:
+            text = (
+                f"On {day} in {timezone}, {times} occurs twice: fires once, at the {which} "
+                f"({local:%H:%M} {local.tzname()}, {shown[0]:%H:%M} UTC), not at {walls[0]:%H:%M} {other}."
+            )
+        else:
+            text = (
+                f"On {day} in {timezone}, {times} occur twice: each fires once, at the {which} "
+                f"({local.tzname()}), not again in {other}."
+            )
     return DstNote(kind="repeated", at=shown[0], text=text, fires=shown)
 
 
+def _gap_note(
+    walls: list[datetime],
+    zone: zoneinfo.ZoneInfo,
+    timezone: str,
+    change: ClockChange,
+    *,
+    after: datetime,
+    until: datetime,
+    shift: bool,
+) -> DstNote | None:
+    if not after < change.at <= until:
+        return None
+    verb = "does not exist" if len(walls) == 1 else "do not exist"
+    start, end = change.wall_range()
+    # A jump across midnight (Pacific/Apia skipped all of 2011-12-30) needs the dates to read right.
+    clock = "%H:%M" if start.date() == end.date() else "%Y-%m-%d %H:%M"
+    jump = f"the clocks jump from {start:{clock}} to {end:{clock}}"
+    head = f"{_times(walls)} {verb} on {walls[0]:%Y-%m-%d} in {timezone}"
+    if not shift:
+        return DstNote(kind="skipped", at=change.at, text=f"{head}: skipped ({jump}).")
+    shifted = tuple((wall - change.before).replace(tzinfo=UTC) for wall in walls)
+    local = shifted[0].astimezone(zone)
+    fires_at = f"fires at {local:{clock}} {local.tzname()}"
+    if len(walls) > 1:
+        fires_at = f"each fires {_span(change.size)} later on the clock ({walls[0]:%H:%M} {fires_at})"
+    text = f"{head}: shifted by the clock change, {fires_at} ({jump}; dst_gap 'shift')."
+    return DstNote(kind="shifted", at=change.at, text=text, fires=shifted)
+
+
 def preview_notes(
-    kind: str, timezone: str, *, cron: str | None, after: datetime, fires: list[datetime]
+    kind: str,
+    timezone: str,
+    *,
+    cron: str | None,
+    after: datetime,
+    fires: list[datetime],
+    dst_gap: str | None = None,
+    dst_repeat: str | None = None,
 ) -> tuple[list[DstNote], list[DstNote]]:
     """A preview's notes as they touch the rule's kind: those among its fires, and the next ones after them (within
     a year). A cron rule's skipped and repeated wall times; an interval's fires reading differently on the local
@@ -236,8 +230,9 @@ def preview_notes(
     last = max(fires) if fires else after
     if kind == "cron":
         expression = cron or ""
-        notes = dst_notes(expression, timezone, after=after, fires=fires)
-        return notes, upcoming_dst_notes(expression, timezone, after=last)
+        notes = dst_notes(expression, timezone, after=after, fires=fires, dst_gap=dst_gap, dst_repeat=dst_repeat)
+        ahead = upcoming_dst_notes(expression, timezone, after=last, dst_gap=dst_gap, dst_repeat=dst_repeat)
+        return notes, ahead
     if kind == "interval":
         notes = interval_dst_notes(timezone, after=after, fires=fires)
         return notes, upcoming_interval_dst_notes(timezone, after=last)

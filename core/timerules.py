@@ -2,6 +2,11 @@
 
 Three kinds: `cron` (wall-clock times in the zone), `once` (one instant) and `interval` (a fixed rate in elapsed
 time: anchor_at + k x every_seconds, k >= 0, which clock changes never move; the zone only labels local times).
+
+A cron rule's DST policy says what its wall times do when a clock change touches them (docs/API.md, "Time rules"):
+a time the clocks skip is skipped or shifted (`dst_gap`), a time they repeat fires at its first instant, its last,
+or both (`dst_repeat`). The defaults, skip and first, are the plain walk below; the others add or swap the few fires
+of the clock changes (_next_cron_fire_by_policy).
 """
 
 from __future__ import annotations
@@ -16,15 +21,19 @@ from datetime import MAXYEAR, UTC, datetime, time, timedelta
 from croniter import CroniterBadDateError, croniter
 
 from core.cron_syntax import CronField, CronSpec, TimeRuleError, normalize_cron, parse_cron
+from core.zone_changes import ClockChange, year_changes
 
 # TimeRuleError is defined with the syntax checks but stays part of this API: TimeRule raises it, and the
 # dispatch plane imports it from here.
 __all__ = [
+    "DST_GAP_POLICIES",
+    "DST_REPEAT_POLICIES",
     "EARLIEST_INSTANT",
     "EVERY_SECONDS_RANGE",
     "LATEST_INSTANT",
     "TimeRule",
     "TimeRuleError",
+    "cron_walls_in",
     "local_time",
     "parse_timezone",
     "zone_names",
@@ -38,6 +47,11 @@ COMPILE_CACHE_SIZE = 4096
 NEXT_FIRE_CACHE_SIZE = 65536
 
 KINDS = ("cron", "once", "interval")
+# A cron rule's DST policy; the first of each is the default (a schedule that names none).
+DST_GAP_POLICIES = ("skip", "shift")
+DST_REPEAT_POLICIES = ("first", "last", "both")
+# The largest clock change there is (Pacific/Apia skipped 2011-12-30): the policies look back this far.
+_LARGEST_CHANGE = timedelta(days=1)
 # The instants a definition may name (run_at, anchor_at; the API's inputs too). Outside them zone conversion
 # overflows datetime (year 1 or 9999 with an offset), and a preview of up to 100 fires of a rare rule (29 February,
 # a yearly interval) would walk past year 9999.
@@ -201,6 +215,76 @@ def _next_cron_fire(expression: str, timezone: str, after: datetime) -> datetime
     return next(_iter_cron(_compile(expression, timezone), after), None)
 
 
+def cron_walls_in(spec: CronSpec, start: datetime, end: datetime) -> list[datetime]:
+    """The wall-clock minutes in [start, end) (naive) the expression selects: those a clock change touches."""
+    matched = []
+    wall = start.replace(second=0, microsecond=0)
+    if wall < start:
+        wall += timedelta(minutes=1)
+    while wall < end:
+        if spec.matches(wall):
+            matched.append(wall)
+        wall += timedelta(minutes=1)
+    return matched
+
+
+@functools.lru_cache(maxsize=NEXT_FIRE_CACHE_SIZE)
+def _next_cron_fire_by_policy(
+    expression: str, timezone: str, gap: str, repeat: str, after: datetime
+) -> datetime | None:
+    """The first fire strictly after `after` under a DST policy other than (skip, first).
+
+    The policies change the fires of clock changes only: `last` drops the first instant of each repeated wall time,
+    and the fires they add all lie in [change.at, change.at + size) of a change (a skipped time shifted by the
+    offset from before it, or a repeated time's second instant). So the answer is the plain walk's next fire (its
+    first instants dropped under `last`) or the earliest added fire of a change between one day before `after` (the
+    largest change there is) and that fire, whichever comes first; a shifted fire that lands on a real one is one
+    fire.
+    """
+    plan = _compile(expression, timezone)
+    walk = _iter_cron(plan, after)
+    best = next(walk, None)
+    if repeat == "last":
+        while best is not None and _is_first_of_repeated(best, plan.zone):
+            best = next(walk, None)
+    # A rule whose every wall time is skipped within a year would have no plain fire: look a year ahead for it.
+    until = best if best is not None else after + timedelta(days=366)
+    for change in _changes_between(plan.zone, after - _LARGEST_CHANGE, until):
+        if change.at + change.size <= after:
+            continue
+        if best is not None and change.at > best:
+            break
+        for instant in _added_fires(plan.spec, change, gap, repeat):
+            if instant > after and (best is None or instant < best):
+                best = instant
+    return best
+
+
+def _is_first_of_repeated(instant: datetime, zone: zoneinfo.ZoneInfo) -> bool:
+    local = instant.astimezone(zone)
+    return local.fold == 0 and local.replace(fold=1).utcoffset() != local.utcoffset()
+
+
+def _changes_between(zone: zoneinfo.ZoneInfo, since: datetime, until: datetime) -> Iterator[ClockChange]:
+    """The zone's changes with since < at <= until, from its cached years."""
+    for year in range(since.year, min(until.year, MAXYEAR) + 1):
+        for change in year_changes(zone, year):
+            if since < change.at <= until:
+                yield change
+
+
+def _added_fires(spec: CronSpec, change: ClockChange, gap: str, repeat: str) -> list[datetime]:
+    """The fires a policy adds at one change, ascending: its skipped times at the offset from before the change
+    (shift), or its repeated times' second instants (last, both)."""
+    if change.is_gap:
+        offset = change.before if gap == "shift" else None
+    else:
+        offset = change.after if repeat in ("last", "both") else None
+    if offset is None:
+        return []
+    return [(wall - offset).replace(tzinfo=UTC) for wall in cron_walls_in(spec, *change.wall_range())]
+
+
 def _as_utc(value: datetime, name: str) -> datetime:
     if not isinstance(value, datetime) or value.utcoffset() is None:
         raise ValueError(f"{name} must be a timezone-aware datetime, got {value!r}")
@@ -231,6 +315,9 @@ class TimeRule:
     run_at: datetime | None = None
     every_seconds: int | None = None
     anchor_at: datetime | None = None
+    # Kind "cron" only; None is the default policy (skip, first).
+    dst_gap: str | None = None
+    dst_repeat: str | None = None
 
     def validate(self) -> None:
         """Raise TimeRuleError naming the API field at fault; `once` and `interval` need a valid zone too (the
@@ -238,10 +325,19 @@ class TimeRule:
         if self.kind not in KINDS:
             raise TimeRuleError("kind", f"Unknown kind {str(self.kind)[:20]!r}. Use 'cron', 'once' or 'interval'.")
         parse_timezone(self.timezone)
+        if self.kind != "cron" and (self.dst_gap is not None or self.dst_repeat is not None):
+            field = "dst_gap" if self.dst_gap is not None else "dst_repeat"
+            raise TimeRuleError(field, f"Only cron schedules take {field}: other kinds' fires never meet a wall time.")
         if self.kind == "cron":
             if self.cron is None:
                 raise TimeRuleError("cron", "A cron schedule needs a cron expression, e.g. '30 2 * * *'.")
             normalize_cron(self.cron)
+            for field, value, choices in (
+                ("dst_gap", self.dst_gap, DST_GAP_POLICIES),
+                ("dst_repeat", self.dst_repeat, DST_REPEAT_POLICIES),
+            ):
+                if value is not None and value not in choices:
+                    raise TimeRuleError(field, f"{field} must be one of: {', '.join(choices)}.")
         elif self.kind == "interval":
             self._interval()
             low, high = EVERY_SECONDS_RANGE
@@ -262,7 +358,24 @@ class TimeRule:
             self.validate()
         if self.cron is None:
             raise TimeRuleError("cron", "A cron schedule needs a cron expression, e.g. '30 2 * * *'.")
-        return _next_cron_fire(normalize_cron(self.cron), self.timezone, after)
+        expression = normalize_cron(self.cron)
+        gap, repeat = self.dst_gap or "skip", self.dst_repeat or "first"
+        if gap == "skip" and repeat == "first":
+            return _next_cron_fire(expression, self.timezone, after)
+        return _next_cron_fire_by_policy(expression, self.timezone, gap, repeat, after)
+
+    def dst_mark(self, fire: datetime) -> str | None:
+        """How a clock change touches one of this rule's fires, for previews: "repeated" when its local time occurs
+        twice that day, "shifted" when it is a skipped time fired under dst_gap "shift" (its own local time is not
+        one the expression names); None otherwise and for other kinds."""
+        if self.kind != "cron" or self.cron is None:
+            return None
+        local = _as_utc(fire, "fire").astimezone(parse_timezone(self.timezone))
+        if local.replace(fold=1 - local.fold).utcoffset() != local.utcoffset():
+            return "repeated"
+        if self.dst_gap == "shift" and not parse_cron(self.cron).matches(local.replace(tzinfo=None)):
+            return "shifted"
+        return None
 
     def iter_after(self, after: datetime) -> Iterator[datetime]:
         """Successive fires strictly after `after`, ascending aware UTC; ends when the rule has no more."""

@@ -118,20 +118,45 @@ class RefCron:
 
 def ref_first_instant(wall: datetime, zone: ZoneInfo) -> datetime | None:
     """Earliest UTC instant whose wall clock reads `wall`; None if the zone skips it."""
-    instants = []
+    return min(ref_instants(wall, zone), default=None)
+
+
+def ref_instants(wall: datetime, zone: ZoneInfo) -> list[datetime]:
+    """Every UTC instant whose wall clock reads `wall`: none (skipped), one, or two (repeated), ascending."""
+    instants = set()
     for fold in (0, 1):
         instant = wall.replace(tzinfo=zone, fold=fold).astimezone(UTC)
         if instant.astimezone(zone).replace(tzinfo=None) == wall:
-            instants.append(instant)
-    return min(instants, default=None)
+            instants.add(instant)
+    return sorted(instants)
 
 
-def ref_fires_after(expr: str, zone_name: str, after: datetime, count: int) -> list[datetime]:
+def ref_policy_instants(wall: datetime, zone: ZoneInfo, gap: str, repeat: str) -> list[datetime]:
+    """The instants a wall time fires at under a DST policy, from its definition: a skipped time at the offset of the
+    last minute before it that exists (shift) or never (skip); a repeated one at its first, last or both instants."""
+    instants = ref_instants(wall, zone)
+    if not instants:
+        if gap == "skip":
+            return []
+        before = wall - timedelta(minutes=1)
+        while not ref_instants(before, zone):
+            before -= timedelta(minutes=1)
+        offset = ref_instants(before, zone)[-1].astimezone(zone).utcoffset()
+        return [(wall - offset).replace(tzinfo=UTC)]
+    if len(instants) == 1 or repeat == "both":
+        return instants
+    return [instants[-1]] if repeat == "last" else [instants[0]]
+
+
+def ref_fires_after(
+    expr: str, zone_name: str, after: datetime, count: int, gap: str = "skip", repeat: str = "first"
+) -> list[datetime]:
     """The first `count` fires strictly after `after`, found by walking wall-clock minutes."""
     zone, cron = ZoneInfo(zone_name), RefCron(expr)
-    # Start a day early and sort at the end, so nothing here relies on wall order matching UTC order.
-    start = after.astimezone(zone).replace(tzinfo=None) - timedelta(hours=27)
-    day, found, stop_day = start.date(), [], date.max
+    # Start two days early and sort at the end, so nothing here relies on wall order matching UTC order (a repeated
+    # time's second instant or a shifted one comes after later wall times' instants; Apia's clock moved by a day).
+    start = after.astimezone(zone).replace(tzinfo=None) - timedelta(hours=51)
+    day, found, stop_day = start.date(), set(), date.max
     while day <= stop_day and day.year <= after.year + 60:
         if day.month not in cron.months:
             day = (day.replace(day=28) + timedelta(days=4)).replace(day=1)
@@ -140,9 +165,8 @@ def ref_fires_after(expr: str, zone_name: str, after: datetime, count: int) -> l
             for hour in sorted(cron.hours):
                 for minute in sorted(cron.minutes):
                     wall = datetime(day.year, day.month, day.day, hour, minute)
-                    instant = ref_first_instant(wall, zone) if wall >= start else None
-                    if instant is not None and instant > after:
-                        found.append(instant)
+                    if wall >= start:
+                        found.update(i for i in ref_policy_instants(wall, zone, gap, repeat) if i > after)
             if len(found) >= count and stop_day == date.max:
                 stop_day = day + timedelta(days=2)
         day += timedelta(days=1)
