@@ -31,6 +31,21 @@ class OverlapPolicy(models.TextChoices):
     QUEUE_ONE = "queue_one"
 
 
+class DstGap(models.TextChoices):
+    """What a cron schedule does with a wall time the clocks skip (core/timerules.py); null on a schedule is SKIP."""
+
+    SKIP = "skip"
+    SHIFT = "shift"
+
+
+class DstRepeat(models.TextChoices):
+    """Which instants of a wall time the clocks repeat a cron schedule fires at; null on a schedule is FIRST."""
+
+    FIRST = "first"
+    LAST = "last"
+    BOTH = "both"
+
+
 class ScheduleState(models.TextChoices):
     ACTIVE = "active"
     PAUSED = "paused"

@@ -42,6 +42,9 @@ class VersionSpan:
     error: str | None = None
     every_seconds: int | None = None
     anchor_at: datetime | None = None
+    # A cron version's DST policy (absent from snapshots older than the policy: the default).
+    dst_gap: str | None = None
+    dst_repeat: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> VersionSpan:
@@ -67,6 +70,8 @@ class VersionSpan:
             error="; ".join(errors) or None,
             every_seconds=every_seconds,
             anchor_at=anchor_at,
+            dst_gap=row.get("dst_gap") or None,
+            dst_repeat=row.get("dst_repeat") or None,
         )
 
     @property
@@ -78,6 +83,8 @@ class VersionSpan:
             run_at=self.run_at,
             every_seconds=self.every_seconds,
             anchor_at=self.anchor_at,
+            dst_gap=self.dst_gap,
+            dst_repeat=self.dst_repeat,
         )
 
     def recurring_rule(self) -> TimeRule | None:

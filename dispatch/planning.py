@@ -52,10 +52,22 @@ class DueSchedule(NamedTuple):
     # Kind "interval" only; last, with defaults, so that the other kinds' callers need not name them.
     every_seconds: int | None = None
     anchor_at: datetime | None = None
+    # Kind "cron" only: its DST policy (None is the default, skip and first).
+    dst_gap: str | None = None
+    dst_repeat: str | None = None
 
     @property
     def rule(self) -> TimeRule:
-        return _time_rule(self.kind, self.timezone, self.cron, self.run_at, self.every_seconds, self.anchor_at)
+        return _time_rule(
+            self.kind,
+            self.timezone,
+            self.cron,
+            self.run_at,
+            self.every_seconds,
+            self.anchor_at,
+            self.dst_gap,
+            self.dst_repeat,
+        )
 
 
 def due_schedule_of(columns: Mapping[str, Any], **given: Any) -> DueSchedule:
@@ -83,6 +95,8 @@ def late_one_off_fires(definition: Mapping[str, Any], rule: TimeRule, *, now: da
         catchup_per_minute=60,
         every_seconds=None,
         anchor_at=None,
+        dst_gap=None,
+        dst_repeat=None,
     )
     return bool(plan_schedule(due, now=now, horizon=timedelta(0)).to_enqueue)
 
@@ -95,10 +109,19 @@ def _time_rule(
     run_at: datetime | None,
     every_seconds: int | None,
     anchor_at: datetime | None,
+    dst_gap: str | None,
+    dst_repeat: str | None,
 ) -> TimeRule:
     """One TimeRule per distinct rule: a burst's schedules share a few rhythms."""
     return TimeRule(
-        kind=kind, timezone=timezone, cron=cron, run_at=run_at, every_seconds=every_seconds, anchor_at=anchor_at
+        kind=kind,
+        timezone=timezone,
+        cron=cron,
+        run_at=run_at,
+        every_seconds=every_seconds,
+        anchor_at=anchor_at,
+        dst_gap=dst_gap,
+        dst_repeat=dst_repeat,
     )
 
 
@@ -216,6 +239,8 @@ WALK_KEY_FIELDS = (
     "every_seconds",
     "anchor_at",
     "timezone",
+    "dst_gap",
+    "dst_repeat",
     "next_run_at",
     "misfire_policy",
     "max_lateness_seconds",

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.conf import settings
 
-from core.choices import Kind, Lane, MisfirePolicy, OverlapPolicy
+from core.choices import DstGap, DstRepeat, Kind, Lane, MisfirePolicy, OverlapPolicy
 from core.cron_syntax import TimeRuleError, normalize_cron
 from core.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, TimeRule, parse_timezone
 from dispatch.services import is_registered, registered_names
@@ -31,6 +31,8 @@ DEFAULTS: dict[str, Any] = {
     "every_seconds": None,
     "anchor_at": None,
     "timezone": "UTC",
+    "dst_gap": None,
+    "dst_repeat": None,
     "lane": Lane.STRICT,
     "flexible_window_seconds": 300,
     "priority": 0,
@@ -44,7 +46,7 @@ DEFAULTS: dict[str, Any] = {
 REQUIRED_FIELDS = ("name", "kind", "handler")
 # The fields that say when a schedule of each kind fires; another kind's are refused (a blank cron counts as none).
 TIME_FIELDS: dict[str, tuple[str, ...]] = {
-    Kind.CRON: ("cron",),
+    Kind.CRON: ("cron", "dst_gap", "dst_repeat"),
     Kind.ONCE: ("run_at",),
     Kind.INTERVAL: ("every_seconds", "anchor_at"),
 }
@@ -86,6 +88,11 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
                 definition["cron"] = normalize_cron(definition["cron"])
             except TimeRuleError as exc:
                 errors.setdefault("cron", []).append(exc.message)
+        for field, choices in (("dst_gap", DstGap.values), ("dst_repeat", DstRepeat.values)):
+            if definition.get(field) in (None, ""):
+                definition[field] = None
+            elif definition[field] not in choices:
+                errors.setdefault(field, []).append(f"Must be one of: {', '.join(choices)} (or null, the default).")
     elif kind == Kind.ONCE:
         run_at = definition.get("run_at")
         if run_at is None:
@@ -174,4 +181,6 @@ def time_rule_of(definition: dict[str, Any]) -> TimeRule:
         run_at=definition["run_at"],
         every_seconds=definition["every_seconds"],
         anchor_at=definition["anchor_at"],
+        dst_gap=definition["dst_gap"],
+        dst_repeat=definition["dst_repeat"],
     )

@@ -10,7 +10,7 @@ from typing import Any
 from django.db import models
 from django.db.models import Q
 
-from core.choices import Kind, Lane, MisfirePolicy, OverlapPolicy, ScheduleState
+from core.choices import DstGap, DstRepeat, Kind, Lane, MisfirePolicy, OverlapPolicy, ScheduleState
 from core.shards import shard_for
 from core.timerules import TimeRule
 
@@ -23,6 +23,8 @@ DEFINITION_FIELDS = (
     "every_seconds",
     "anchor_at",
     "timezone",
+    "dst_gap",
+    "dst_repeat",
     "lane",
     "flexible_window_seconds",
     "priority",
@@ -43,6 +45,8 @@ PLANNING_FIELDS = (
     "every_seconds",
     "anchor_at",
     "timezone",
+    "dst_gap",
+    "dst_repeat",
     "lane",
     "flexible_window_seconds",
     "priority",
@@ -88,6 +92,9 @@ class Schedule(models.Model):
     every_seconds = models.IntegerField(null=True, blank=True)
     anchor_at = models.DateTimeField(null=True, blank=True)
     timezone = models.CharField(max_length=64, default="UTC")
+    # kind "cron": what a clock change does to its wall times (core/timerules.py); null is the default, skip/first.
+    dst_gap = models.CharField(max_length=8, choices=DstGap.choices, null=True, blank=True)
+    dst_repeat = models.CharField(max_length=8, choices=DstRepeat.choices, null=True, blank=True)
     lane = models.CharField(max_length=8, choices=Lane.choices, default=Lane.STRICT)
     flexible_window_seconds = models.PositiveIntegerField(default=300)
     priority = models.SmallIntegerField(default=0)
@@ -176,6 +183,8 @@ class Schedule(models.Model):
             run_at=self.run_at,
             every_seconds=self.every_seconds,
             anchor_at=self.anchor_at,
+            dst_gap=self.dst_gap,
+            dst_repeat=self.dst_repeat,
         )
 
     def definition(self) -> dict:
@@ -212,6 +221,8 @@ class ScheduleCursor(models.Model):
     every_seconds = models.IntegerField(null=True, blank=True)
     anchor_at = models.DateTimeField(null=True, blank=True)
     timezone = models.CharField(max_length=64)
+    dst_gap = models.CharField(max_length=8, choices=DstGap.choices, null=True, blank=True)
+    dst_repeat = models.CharField(max_length=8, choices=DstRepeat.choices, null=True, blank=True)
     lane = models.CharField(max_length=8, choices=Lane.choices)
     flexible_window_seconds = models.PositiveIntegerField()
     priority = models.SmallIntegerField()

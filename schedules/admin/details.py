@@ -46,7 +46,15 @@ def _next_fires(schedule: Schedule, now: datetime) -> dict[str, Any]:
         note = "Paused: these are the fires the rule describes; none happens until the schedule is resumed."
     elif not fires:
         note = "The rule has no fire after now."
-    notes, ahead = preview_notes(schedule.kind, schedule.timezone, cron=schedule.cron, after=now, fires=fires)
+    notes, ahead = preview_notes(
+        schedule.kind,
+        schedule.timezone,
+        cron=schedule.cron,
+        after=now,
+        fires=fires,
+        dst_gap=schedule.dst_gap,
+        dst_repeat=schedule.dst_repeat,
+    )
     by_fire = {fire: dst.text for dst in notes for fire in dst.fires}
     rows = [
         {

@@ -61,7 +61,19 @@ def describe_schedule(schedule: Schedule) -> str:
         text = describe_cron(schedule.cron or "")
     except TimeRuleError:
         text = schedule.cron or "?"
-    return f"{text} ({schedule.timezone})"
+    return f"{text} ({schedule.timezone}){_dst_policy_text(schedule.dst_gap, schedule.dst_repeat)}"
+
+
+def _dst_policy_text(gap: str | None, repeat: str | None) -> str:
+    """A policy other than the default, in words: '; skipped times shifted, repeated times fire twice'."""
+    words = []
+    if gap == "shift":
+        words.append("skipped local times shifted")
+    if repeat == "last":
+        words.append("repeated local times at their second instant")
+    elif repeat == "both":
+        words.append("repeated local times fire twice")
+    return "; " + ", ".join(words) if words else ""
 
 
 def summarize_definition(definition: dict[str, Any]) -> str:

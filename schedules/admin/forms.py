@@ -10,7 +10,7 @@ from django import forms
 from django.contrib.admin.helpers import ActionForm
 from django.forms.fields import InvalidJSONInput
 
-from core.choices import ScheduleState
+from core.choices import DstGap, DstRepeat, ScheduleState
 from dispatch.services import registered_names
 from scheduler_project.console import InstantField
 from schedules.definitions import TIME_FIELDS, clean_definition
@@ -64,7 +64,13 @@ class ScheduleChangeForm(forms.ModelForm):
     class Meta:
         model = Schedule
         fields = DEFINITION_FIELDS
-        labels = {"run_at": "Run at (UTC)", "every_seconds": "Every (seconds)", "anchor_at": "Anchor at (UTC)"}
+        labels = {
+            "run_at": "Run at (UTC)",
+            "every_seconds": "Every (seconds)",
+            "anchor_at": "Anchor at (UTC)",
+            "dst_gap": "Skipped local times",
+            "dst_repeat": "Repeated local times",
+        }
         help_texts = {
             "cron": "5 fields: minute hour day-of-month month day-of-week (kind 'cron' only).",
             "run_at": "The single fire of a schedule of kind 'once'.",
@@ -72,6 +78,10 @@ class ScheduleChangeForm(forms.ModelForm):
             "changes never move.",
             "anchor_at": "The rhythm's origin: fires at anchor + k x every seconds (kind 'interval' only). Empty: "
             "now, to the second.",
+            "dst_gap": "A local time the clocks skip (spring forward): skip fires nothing that day; shift fires at "
+            "the instant it names on the offset from before the change (02:30 in New York fires at 03:30 EDT).",
+            "dst_repeat": "A local time the clocks repeat (fall back): fire at its first instant, its last, or both "
+            "(two runs).",
         }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -81,6 +91,11 @@ class ScheduleChangeForm(forms.ModelForm):
         self.fields["seen_version"].initial = self.instance.version
         cast(forms.ChoiceField, self.fields["handler"]).choices = _choices(registered_names(), self.instance.handler)
         cast(forms.ChoiceField, self.fields["timezone"]).choices = _choices(_zone_names(), self.instance.timezone)
+        for name, policies in (("dst_gap", DstGap), ("dst_repeat", DstRepeat)):
+            if name in self.fields:
+                # The empty choice is what a schedule without a policy has: name the behaviour, not "---------".
+                default = f"Default ({policies.values[0]})"
+                cast(forms.ChoiceField, self.fields[name]).choices = [("", default), *policies.choices]
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}

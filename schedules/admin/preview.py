@@ -62,13 +62,21 @@ def preview_json(request: HttpRequest) -> JsonResponse:
 
 
 # What describe_schedule reads of a definition.
-DESCRIBED_FIELDS = ("kind", "cron", "run_at", "every_seconds", "anchor_at", "timezone")
+DESCRIBED_FIELDS = ("kind", "cron", "run_at", "every_seconds", "anchor_at", "timezone", "dst_gap", "dst_repeat")
 
 
 def preview_body(definition: dict[str, Any], fires: list[datetime], *, after: datetime, now: datetime) -> dict:
     timezone = definition["timezone"]
     definition = anchored_at_now(definition, now)
-    notes, ahead = preview_notes(definition["kind"], timezone, cron=definition["cron"], after=after, fires=fires)
+    notes, ahead = preview_notes(
+        definition["kind"],
+        timezone,
+        cron=definition["cron"],
+        after=after,
+        fires=fires,
+        dst_gap=definition["dst_gap"],
+        dst_repeat=definition["dst_repeat"],
+    )
     fire_notes = {fire: note.text for note in notes for fire in note.fires}
     rule = Schedule(**{field: definition[field] for field in DESCRIBED_FIELDS})
     return {

@@ -159,7 +159,10 @@ class ScheduleAdmin(ScheduleOperationsMixin, ScheduleColumnsMixin, SafeActionSel
     # -- change form --
 
     def get_fieldsets(self, request: HttpRequest, obj: Schedule | None = None):
-        definition = ["name", "kind", "cron", "run_at", "every_seconds", "anchor_at", "timezone", "handler", "payload"]
+        definition = [
+            *("name", "kind", "cron", "run_at", "every_seconds", "anchor_at", "timezone", "dst_gap", "dst_repeat"),
+            *("handler", "payload"),
+        ]
         note = "Read-only: a canceled schedule is final."
         if self.has_change_permission(request, obj):
             definition.insert(0, "seen_version")

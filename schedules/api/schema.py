@@ -206,6 +206,18 @@ KIND_RULE = (
     "kind refuses the others' time fields. Unknown fields are refused."
 )
 KINDS = ("cron", "once", "interval")
+# A cron schedule's DST policy (null: the default, skip and first); other kinds take neither field.
+DST_POLICY_TEXT = {
+    "dst_gap": (
+        "A local time the clocks skip (spring forward): 'skip' (default) does not fire it that day; 'shift' fires it "
+        "at the instant it names with the offset in force before the change (02:30 on New York's spring-forward day "
+        "fires at 03:30 EDT)."
+    ),
+    "dst_repeat": (
+        "A local time the clocks repeat (fall back): 'first' (default) fires at its first instant, 'last' at the "
+        "second, 'both' at both (two occurrences)."
+    ),
+}
 
 
 def _text_rules(serializer: serializers.Serializer, schema: dict[str, Any]) -> None:
@@ -251,10 +263,12 @@ class ScheduleInputExtension(OpenApiSerializerExtension):
         properties["kind"] = {"type": "string", "const": kind}
         # Another kind's time fields: absent or null (a blank expression counts as none).
         properties["cron"] = {"type": ["string", "null"], "pattern": BLANK}
-        for field in ("run_at", "every_seconds", "anchor_at"):
+        for field in ("run_at", "every_seconds", "anchor_at", *DST_POLICY_TEXT):
             properties[field] = {"type": "null"}
         if kind == "cron":
             properties["cron"] = {"$ref": "#/components/schemas/CronExpression"}
+            for field, text in DST_POLICY_TEXT.items():
+                properties[field] = {**schema["properties"][field], "description": text}
             time_field = "cron"
         elif kind == "once":
             properties["run_at"] = dict(INSTANT)

@@ -11,9 +11,9 @@ from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from core.choices import Kind, Lane, MisfirePolicy, OverlapPolicy, ScheduleState
+from core.choices import DstGap, DstRepeat, Kind, Lane, MisfirePolicy, OverlapPolicy, ScheduleState
 from core.clock import db_now
-from core.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, local_time
+from core.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, TimeRule, local_time
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 from dispatch.services import earliest_pending_fire
 from schedules.definitions import NUMERIC_RANGES
@@ -119,13 +119,14 @@ def _int_field(name: str) -> serializers.IntegerField:
     return serializers.IntegerField(required=False, min_value=low, max_value=high)
 
 
-def _choice_field(choices: type[TextChoices]) -> serializers.ChoiceField:
+def _choice_field(choices: type[TextChoices], *, allow_null: bool = False) -> serializers.ChoiceField:
     # The message names the choices, not the input: DRF's default echoes it, and an input holding an unpaired
     # surrogate then fails to encode as the UTF-8 response (a 500 instead of a 400). The model's own choices, so
     # the API schema names one enum per set of values (KindEnum), whichever serializer shows it.
     return serializers.ChoiceField(
         choices=choices.choices,
         required=False,
+        allow_null=allow_null,
         error_messages={"invalid_choice": f"Must be one of: {', '.join(choices.values)}."},
     )
 
@@ -172,6 +173,8 @@ class ScheduleInputSerializer(serializers.Serializer):
     )
     anchor_at = AwareDateTimeField(required=False, allow_null=True)
     timezone = TimezoneNameField(required=False, max_length=64)
+    dst_gap = _choice_field(DstGap, allow_null=True)
+    dst_repeat = _choice_field(DstRepeat, allow_null=True)
     lane = _choice_field(Lane)
     flexible_window_seconds = _int_field("flexible_window_seconds")
     priority = _int_field("priority")
@@ -269,8 +272,16 @@ class ScheduleSerializer(serializers.ModelSerializer):
         return utc_text(min(candidates))
 
 
-def fires_json(fires: list[datetime], timezone: str) -> dict[str, list[dict[str, str]]]:
-    return {"fires": [{"at": utc_text(fire), "local": local_time(fire, timezone).isoformat()} for fire in fires]}
+def fires_json(fires: list[datetime], rule: TimeRule) -> dict[str, list[dict[str, str]]]:
+    """A preview's fires: UTC, local, and on a fire a clock change touches, how ("dst": TimeRule.dst_mark)."""
+    shown = []
+    for fire in fires:
+        entry = {"at": utc_text(fire), "local": local_time(fire, rule.timezone).isoformat()}
+        mark = rule.dst_mark(fire)
+        if mark is not None:
+            entry["dst"] = mark
+        shown.append(entry)
+    return {"fires": shown}
 
 
 class AttemptSerializer(serializers.ModelSerializer):

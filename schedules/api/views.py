@@ -32,6 +32,7 @@ from schedules.api.serializers import (
     ScheduleSerializer,
     fires_json,
 )
+from schedules.definitions import time_rule_of
 from schedules.models import DEFINITION_FIELDS, Schedule
 
 FiresSerializer = inline_serializer(
@@ -42,6 +43,15 @@ FiresSerializer = inline_serializer(
             fields={
                 "at": serializers.DateTimeField(help_text="The fire in UTC, with Z."),
                 "local": serializers.CharField(help_text="The same instant in the schedule's zone, with its offset."),
+                "dst": serializers.ChoiceField(
+                    choices=["shifted", "repeated"],
+                    required=False,
+                    help_text=(
+                        "Present on a cron schedule's fire that a clock change touches: 'repeated' when its local "
+                        "time occurs twice that day, 'shifted' when it is a skipped local time fired under dst_gap "
+                        "'shift'."
+                    ),
+                ),
             },
             many=True,
         )
@@ -171,7 +181,7 @@ class ScheduleViewSet(
         if schedule.state == ScheduleState.ACTIVE:
             definition = {field: getattr(schedule, field) for field in DEFINITION_FIELDS}
             fires = services.preview_definition(definition, after=after, count=count, now=now)
-        return Response(fires_json(fires, schedule.timezone))
+        return Response(fires_json(fires, schedule.time_rule))
 
     @extend_schema(request=PreviewInputSerializer, responses={200: FiresSerializer, **errors(413)})
     @action(detail=False, methods=["post"], url_path="preview")
@@ -183,7 +193,7 @@ class ScheduleViewSet(
         now = db_now()
         after = body.validated_data["after"] or now
         fires = services.preview_definition(definition, after=after, count=body.validated_data["count"], now=now)
-        return Response(fires_json(fires, definition["timezone"]))
+        return Response(fires_json(fires, time_rule_of(definition)))
 
     @extend_schema(
         request=None, parameters=[IDEMPOTENCY_KEY], responses={202: OccurrenceIdSerializer, **errors(404, 409)}

@@ -44,6 +44,8 @@ def form_data(schedule: Schedule, **overrides) -> dict:
         "run_at_0": "",
         "run_at_1": "",
         "timezone": schedule.timezone,
+        "dst_gap": schedule.dst_gap or "",
+        "dst_repeat": schedule.dst_repeat or "",
         "handler": schedule.handler,
         "payload": "{}",
         "lane": schedule.lane,

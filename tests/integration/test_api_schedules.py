@@ -22,6 +22,8 @@ SCHEDULE_KEYS = {
     "every_seconds",
     "anchor_at",
     "timezone",
+    "dst_gap",
+    "dst_repeat",
     "lane",
     "flexible_window_seconds",
     "priority",
@@ -99,6 +101,7 @@ def test_create_answers_201_with_exactly_the_contract_keys_and_defaults(api_a, c
     assert body["cron"] == "30 2 * * *"
     assert body["run_at"] is None
     assert body["every_seconds"] is None and body["anchor_at"] is None, "another kind's fields are null"
+    assert body["dst_gap"] is None and body["dst_repeat"] is None, "no DST policy given: the default, shown as null"
     assert body["timezone"] == "America/New_York"
     assert body["state"] == "active"
     assert body["version"] == 1

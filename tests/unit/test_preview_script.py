@@ -1,5 +1,5 @@
 """The change form's script (schedules/static/schedules/js/preview.js) under Node with a stub page: the interval fields
-are shown for that kind only, and the live preview posts the interval's fields as the API takes them."""
+and the cron DST policy are shown for their kind only, and the live preview posts them as the API takes them."""
 
 from __future__ import annotations
 
@@ -18,10 +18,14 @@ HARNESS = r"""
 const fs = require("fs");
 const values = {
   kind: "cron", cron: "* * * * *", timezone: "UTC", lane: "strict", misfire_policy: "skip",
+  dst_gap: "shift", dst_repeat: "",
   every_seconds: " 90 ", anchor_at_0: "2026-01-01", anchor_at_1: "00:00:05", run_at_0: "", run_at_1: "",
   csrfmiddlewaretoken: "token",
 };
-const rows = { every_seconds: [{ hidden: false }], anchor_at: [{ hidden: false }] };
+const rows = {
+  every_seconds: [{ hidden: false }], anchor_at: [{ hidden: false }],
+  dst_gap: [{ hidden: false }], dst_repeat: [{ hidden: false }],
+};
 const formListeners = {};
 const form = {
   elements: { namedItem: (name) => (name in values ? { value: values[name] } : null) },
@@ -45,7 +49,7 @@ global.document = {
   createElement: () => ({ appendChild: (child) => child, style: {} }),
 };
 const seen = {};
-const shown = () => [rows.every_seconds[0].hidden, rows.anchor_at[0].hidden];
+const shown = () => ["every_seconds", "anchor_at", "dst_gap", "dst_repeat"].map((name) => rows[name][0].hidden);
 eval(fs.readFileSync(process.argv[2], "utf8"));
 pageListeners.DOMContentLoaded();
 seen.hiddenForCron = shown();
@@ -68,10 +72,11 @@ def test_the_change_form_shows_interval_fields_for_that_kind_and_previews_them(t
 
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["hiddenForCron"] == [True, True]
-    assert seen["hiddenForInterval"] == [False, False]
+    assert seen["hiddenForCron"] == [True, True, False, False]
+    assert seen["hiddenForInterval"] == [False, False, True, True]
     cron, interval = seen["sent"]
     assert cron["kind"] == "cron" and "every_seconds" not in cron and "anchor_at" not in cron
+    assert (cron["dst_gap"], cron["dst_repeat"]) == ("shift", None), "an empty choice is the default, null"
     assert interval == {
         "count": 10,
         "kind": "interval",

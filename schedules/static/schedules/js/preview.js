@@ -3,7 +3,8 @@
  * Posts the form's time fields as JSON to the console's preview URL (the API's preview rules, see
  * schedules/admin/preview.py) a moment after each keystroke. Served from this app's static folder: the console
  * loads nothing from another host, so it works offline. Server text is inserted with textContent only.
- * The interval fields (every_seconds, anchor_at) are shown only while the kind is "interval".
+ * The interval fields (every_seconds, anchor_at) are shown only while the kind is "interval", the DST policy
+ * (dst_gap, dst_repeat) only while it is "cron".
  */
 "use strict";
 
@@ -12,6 +13,8 @@
   const COUNT = 10;
   const TEXT_FIELDS = ["kind", "cron", "timezone", "lane", "misfire_policy"];
   const INTEGER_FIELDS = ["flexible_window_seconds", "priority", "max_lateness_seconds", "catchup_limit"];
+  // Each kind's own fields: shown for that kind only (the form drops another kind's on save).
+  const KIND_FIELDS = { interval: ["every_seconds", "anchor_at"], cron: ["dst_gap", "dst_repeat"] };
 
   function field(form, name) {
     const element = form.elements.namedItem(name);
@@ -42,6 +45,8 @@
       body.anchor_at = instant(form, "anchor_at");
     } else {
       body.run_at = null;
+      // An empty choice is the default policy, which the API spells null.
+      for (const name of KIND_FIELDS.cron) body[name] = field(form, name) || null;
     }
     return body;
   }
@@ -53,13 +58,14 @@
     return day ? day + "T" + time + "Z" : null;
   }
 
-  // The interval fields mean nothing to another kind (the form drops them on save): shown for "interval" only.
+  // A kind's own fields mean nothing to another kind (the form drops them on save): shown for that kind only.
   function showKindFields(form) {
     const kind = field(form, "kind");
     if (kind === null) return; // a read-only page (a canceled schedule) shows what is stored
-    const interval = kind === "interval";
-    for (const name of ["every_seconds", "anchor_at"]) {
-      for (const row of form.querySelectorAll(".field-" + name)) row.hidden = !interval;
+    for (const [owner, names] of Object.entries(KIND_FIELDS)) {
+      for (const name of names) {
+        for (const row of form.querySelectorAll(".field-" + name)) row.hidden = kind !== owner;
+      }
     }
   }
 
