@@ -318,6 +318,9 @@ class TimeRule:
     # Kind "cron" only; None is the default policy (skip, first).
     dst_gap: str | None = None
     dst_repeat: str | None = None
+    # Every kind: no fire before start_at or after end_at (both inclusive; None is unbounded).
+    start_at: datetime | None = None
+    end_at: datetime | None = None
 
     def validate(self) -> None:
         """Raise TimeRuleError naming the API field at fault; `once` and `interval` need a valid zone too (the
@@ -345,10 +348,29 @@ class TimeRule:
                 raise TimeRuleError("every_seconds", f"every_seconds must be an integer from {low} to {high:,}.")
         else:
             self._run_at_utc()
+        for field in ("start_at", "end_at"):
+            value = getattr(self, field)
+            if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
+                raise TimeRuleError(field, f"{field} needs a UTC offset or 'Z', e.g. '2026-12-01T07:30:00Z'.")
+        if self.start_at is not None and self.end_at is not None and self.end_at < self.start_at:
+            raise TimeRuleError("end_at", "end_at must not be before start_at.")
 
     def next_after(self, after: datetime) -> datetime | None:
         """First fire strictly after `after` (aware, any zone) as aware UTC; None when there is none."""
         after = _as_utc(after, "after")
+        if self.start_at is not None and after < self.start_at:
+            after = _as_utc(self.start_at, "start_at") - _ONE_MICROSECOND
+        fire = self._next_in_rhythm(after)
+        if fire is not None and self.end_at is not None and fire > self.end_at:
+            return None
+        return fire
+
+    def in_window(self, instant: datetime) -> bool:
+        """Whether `instant` lies in [start_at, end_at] (a one-off's run_at outside it has no fire)."""
+        return (self.start_at is None or instant >= self.start_at) and (self.end_at is None or instant <= self.end_at)
+
+    def _next_in_rhythm(self, after: datetime) -> datetime | None:
+        """next_after without the window: the kind's own rule."""
         if self.kind == "interval":
             return _next_interval_fire(*self._grid, after)
         if self.kind == "once":

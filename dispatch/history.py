@@ -45,12 +45,17 @@ class VersionSpan:
     # A cron version's DST policy (absent from snapshots older than the policy: the default).
     dst_gap: str | None = None
     dst_repeat: str | None = None
+    # The version's window (absent from older snapshots: unbounded).
+    start_at: datetime | None = None
+    end_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> VersionSpan:
         errors: list[str] = []
         run_at = _instant(row.get("run_at"), "run_at", errors)
         anchor_at = _instant(row.get("anchor_at"), "anchor_at", errors)
+        start_at = _instant(row.get("start_at"), "start_at", errors)
+        end_at = _instant(row.get("end_at"), "end_at", errors)
         priority = _integer(row["priority"], "priority", errors) or 0
         every_seconds = _integer(row.get("every_seconds"), "every_seconds", errors)
         return cls(
@@ -72,6 +77,8 @@ class VersionSpan:
             anchor_at=anchor_at,
             dst_gap=row.get("dst_gap") or None,
             dst_repeat=row.get("dst_repeat") or None,
+            start_at=start_at,
+            end_at=end_at,
         )
 
     @property
@@ -85,6 +92,8 @@ class VersionSpan:
             anchor_at=self.anchor_at,
             dst_gap=self.dst_gap,
             dst_repeat=self.dst_repeat,
+            start_at=self.start_at,
+            end_at=self.end_at,
         )
 
     def recurring_rule(self) -> TimeRule | None:
@@ -100,6 +109,10 @@ class VersionSpan:
         """A one-off's run_at belongs to this version if the version could still reach it: the creating version
         keeps a run_at that is already past (the materializer records it), later versions only a future one."""
         if self.run_at is None:
+            return False
+        if (self.start_at is not None and self.run_at < self.start_at) or (
+            self.end_at is not None and self.run_at > self.end_at
+        ):
             return False
         if self.change != "create" and self.run_at <= self.valid_from:
             return False

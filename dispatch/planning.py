@@ -55,6 +55,9 @@ class DueSchedule(NamedTuple):
     # Kind "cron" only: its DST policy (None is the default, skip and first).
     dst_gap: str | None = None
     dst_repeat: str | None = None
+    # Every kind: the window its fires lie in (None: unbounded).
+    start_at: datetime | None = None
+    end_at: datetime | None = None
 
     @property
     def rule(self) -> TimeRule:
@@ -67,6 +70,8 @@ class DueSchedule(NamedTuple):
             self.anchor_at,
             self.dst_gap,
             self.dst_repeat,
+            self.start_at,
+            self.end_at,
         )
 
 
@@ -97,6 +102,8 @@ def late_one_off_fires(definition: Mapping[str, Any], rule: TimeRule, *, now: da
         anchor_at=None,
         dst_gap=None,
         dst_repeat=None,
+        start_at=rule.start_at,
+        end_at=rule.end_at,
     )
     return bool(plan_schedule(due, now=now, horizon=timedelta(0)).to_enqueue)
 
@@ -111,6 +118,8 @@ def _time_rule(
     anchor_at: datetime | None,
     dst_gap: str | None,
     dst_repeat: str | None,
+    start_at: datetime | None,
+    end_at: datetime | None,
 ) -> TimeRule:
     """One TimeRule per distinct rule: a burst's schedules share a few rhythms."""
     return TimeRule(
@@ -122,6 +131,8 @@ def _time_rule(
         anchor_at=anchor_at,
         dst_gap=dst_gap,
         dst_repeat=dst_repeat,
+        start_at=start_at,
+        end_at=end_at,
     )
 
 
@@ -241,6 +252,8 @@ WALK_KEY_FIELDS = (
     "timezone",
     "dst_gap",
     "dst_repeat",
+    "start_at",
+    "end_at",
     "next_run_at",
     "misfire_policy",
     "max_lateness_seconds",

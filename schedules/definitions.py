@@ -33,6 +33,8 @@ DEFAULTS: dict[str, Any] = {
     "timezone": "UTC",
     "dst_gap": None,
     "dst_repeat": None,
+    "start_at": None,
+    "end_at": None,
     "lane": Lane.STRICT,
     "flexible_window_seconds": 300,
     "priority": 0,
@@ -111,7 +113,11 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
             errors.setdefault("anchor_at", []).append("Give an offset or 'Z' (ISO 8601), e.g. 2026-12-01T09:00:00Z.")
 
     out_of_range = f"Must be from {EARLIEST_INSTANT.year} up to {LATEST_INSTANT.year} (UTC)."
-    for field in ("run_at", "anchor_at"):
+    for field in ("start_at", "end_at"):
+        instant = definition.get(field)
+        if instant is not None and (not isinstance(instant, datetime) or instant.tzinfo is None):
+            errors.setdefault(field, []).append("Give an offset or 'Z' (ISO 8601), e.g. 2026-12-01T09:00:00Z.")
+    for field in ("run_at", "anchor_at", "start_at", "end_at"):
         # The API's serializers hold the same range; the console's date fields reach year 9999, where the zone's
         # local time of a fire overflows.
         instant = definition.get(field)
@@ -119,6 +125,8 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
             continue
         if not EARLIEST_INSTANT <= instant < LATEST_INSTANT:
             errors.setdefault(field, []).append(out_of_range)
+
+    _check_window(definition, errors)
 
     handler = definition.get("handler")
     if handler and not is_registered(handler):
@@ -163,6 +171,15 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
     return {field: definition[field] for field in DEFINITION_FIELDS}
 
 
+def _check_window(definition: dict[str, Any], errors: dict[str, list[str]]) -> None:
+    """end_at not before start_at. (A one-off whose run_at lies outside its window has no fire: it is completed.)"""
+    start, end = definition.get("start_at"), definition.get("end_at")
+    if "start_at" in errors or "end_at" in errors:
+        return
+    if start is not None and end is not None and end < start:
+        errors.setdefault("end_at", []).append("Must not be before start_at.")
+
+
 def anchored_at_now(definition: dict[str, Any], now: datetime) -> dict[str, Any]:
     """An interval definition without anchor_at, anchored at `now` truncated to the second: the instant it
     is created, or changed to an interval, or previewed. Its fires then fall on whole seconds. Other kinds as given.
@@ -183,4 +200,6 @@ def time_rule_of(definition: dict[str, Any]) -> TimeRule:
         anchor_at=definition["anchor_at"],
         dst_gap=definition["dst_gap"],
         dst_repeat=definition["dst_repeat"],
+        start_at=definition["start_at"],
+        end_at=definition["end_at"],
     )

@@ -25,6 +25,8 @@ DEFINITION_FIELDS = (
     "timezone",
     "dst_gap",
     "dst_repeat",
+    "start_at",
+    "end_at",
     "lane",
     "flexible_window_seconds",
     "priority",
@@ -47,6 +49,8 @@ PLANNING_FIELDS = (
     "timezone",
     "dst_gap",
     "dst_repeat",
+    "start_at",
+    "end_at",
     "lane",
     "flexible_window_seconds",
     "priority",
@@ -95,6 +99,10 @@ class Schedule(models.Model):
     # kind "cron": what a clock change does to its wall times (core/timerules.py); null is the default, skip/first.
     dst_gap = models.CharField(max_length=8, choices=DstGap.choices, null=True, blank=True)
     dst_repeat = models.CharField(max_length=8, choices=DstRepeat.choices, null=True, blank=True)
+    # Every kind: no fire before start_at or after end_at (inclusive); completed once end_at has passed and nothing
+    # is pending.
+    start_at = models.DateTimeField(null=True, blank=True)
+    end_at = models.DateTimeField(null=True, blank=True)
     lane = models.CharField(max_length=8, choices=Lane.choices, default=Lane.STRICT)
     flexible_window_seconds = models.PositiveIntegerField(default=300)
     priority = models.SmallIntegerField(default=0)
@@ -185,13 +193,17 @@ class Schedule(models.Model):
             anchor_at=self.anchor_at,
             dst_gap=self.dst_gap,
             dst_repeat=self.dst_repeat,
+            start_at=self.start_at,
+            end_at=self.end_at,
         )
 
     def definition(self) -> dict:
         """JSON snapshot of the definition and state, as stored in ScheduleVersion."""
         snapshot = {field: getattr(self, field) for field in DEFINITION_FIELDS}
         snapshot["run_at"] = self.run_at.isoformat() if self.run_at else None
-        snapshot["anchor_at"] = self.anchor_at.isoformat() if self.anchor_at else None
+        for field in ("anchor_at", "start_at", "end_at"):
+            value = getattr(self, field)
+            snapshot[field] = value.isoformat() if value else None
         snapshot["state"] = self.state
         return snapshot
 
@@ -223,6 +235,8 @@ class ScheduleCursor(models.Model):
     timezone = models.CharField(max_length=64)
     dst_gap = models.CharField(max_length=8, choices=DstGap.choices, null=True, blank=True)
     dst_repeat = models.CharField(max_length=8, choices=DstRepeat.choices, null=True, blank=True)
+    start_at = models.DateTimeField(null=True, blank=True)
+    end_at = models.DateTimeField(null=True, blank=True)
     lane = models.CharField(max_length=8, choices=Lane.choices)
     flexible_window_seconds = models.PositiveIntegerField()
     priority = models.SmallIntegerField()

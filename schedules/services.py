@@ -69,6 +69,8 @@ def preview_definition(definition: dict[str, Any], *, after: datetime, count: in
     rule = time_rule_of(anchored_at_now(definition, now))
     run_at = rule.run_at
     if rule.kind == Kind.ONCE and run_at is not None and run_at <= min(after, now):
+        if not rule.in_window(run_at):
+            return []
         return [run_at] if dispatch_services.late_one_off_fires(definition, rule, now=now) else []
     return preview_fires(rule, after=after, count=count)
 
@@ -77,7 +79,7 @@ def _first_fire(rule: TimeRule, now: datetime) -> datetime | None:
     """The cursor for a new or resumed schedule. A one-off keeps its run_at even when it is already past, so
     the materializer applies the misfire policy to it rather than the fire vanishing unrecorded."""
     if rule.kind == Kind.ONCE:
-        return rule.run_at
+        return rule.run_at if rule.run_at is not None and rule.in_window(rule.run_at) else None
     return rule.next_after(now)
 
 
@@ -165,7 +167,7 @@ def create_schedule(
             schedule = Schedule(tenant=locked_tenant, **anchored_at_now(definition, now))
             schedule.shard = shard_for(schedule.id)
             schedule.next_run_at = _first_fire(schedule.time_rule, now)
-            schedule.state = ScheduleState.ACTIVE
+            schedule.state = _state_with_cursor(schedule, now)
             schedule.idempotency_key = idempotency_key or None
             schedule.request_fingerprint = body_hash if idempotency_key else None
             schedule.created_by = actor
@@ -241,10 +243,10 @@ def update_schedule(
             # run_at that has already passed keeps it as its cursor, as at create: the misfire policy decides.
             # Only a new run_at: a client resending the stored one (a whole GET body) must not fire it again.
             if schedule.kind == Kind.ONCE and changes.get("run_at") is not None and schedule.run_at != stored_run_at:
-                schedule.next_run_at = schedule.run_at
+                schedule.next_run_at = _first_fire(schedule.time_rule, now)
             else:
                 schedule.next_run_at = _next_fire_after_change(schedule.time_rule, now)
-            schedule.state = ScheduleState.ACTIVE if schedule.next_run_at else ScheduleState.COMPLETED
+            schedule.state = _state_with_cursor(schedule, now)
             if schedule.state == ScheduleState.ACTIVE and not was_counted:
                 # A completed one-off given a new run_at counts against the quota again.
                 _claim_quota_slot(schedule.tenant_id)
@@ -253,9 +255,19 @@ def update_schedule(
     return schedule
 
 
+def _state_with_cursor(schedule: Schedule, now: datetime) -> str:
+    """Active while a fire is pending, or until its end_at while none is left in its window (the maintenance pass
+    completes it then, once its last occurrence has ended); otherwise completed."""
+    if schedule.next_run_at is not None:
+        return ScheduleState.ACTIVE
+    if schedule.kind != Kind.ONCE and schedule.end_at is not None and schedule.end_at > now:
+        return ScheduleState.ACTIVE
+    return ScheduleState.COMPLETED
+
+
 def _next_fire_after_change(rule: TimeRule, now: datetime) -> datetime | None:
     if rule.kind == Kind.ONCE:
-        return rule.run_at if rule.run_at and rule.run_at > now else None
+        return rule.run_at if rule.run_at and rule.run_at > now and rule.in_window(rule.run_at) else None
     return rule.next_after(now)
 
 
@@ -285,13 +297,14 @@ def resume_schedule(schedule: Schedule, *, actor: str, note: str = "", now: date
         if schedule.state != ScheduleState.PAUSED:
             raise StateConflict(f"Only a paused schedule can be resumed; this one is {schedule.state}.")
         schedule.next_run_at = _next_fire_after_change(schedule.time_rule, now)
-        schedule.state = ScheduleState.ACTIVE if schedule.next_run_at else ScheduleState.COMPLETED
+        schedule.state = _state_with_cursor(schedule, now)
         _bump(schedule, VersionChange.RESUME, actor, now, note)
-        if schedule.kind == Kind.ONCE and schedule.run_at is not None and schedule.run_at <= now:
+        run_at = schedule.run_at
+        if schedule.kind == Kind.ONCE and run_at is not None and run_at <= now and schedule.time_rule.in_window(run_at):
             # Fires during a pause are not caught up (docs/API.md, "Schedules"), but a one-off's only fire is
             # recorded, never lost.
             dispatch_services.record_missed_fire(
-                schedule, at=schedule.run_at, now=now, reason="run_at passed while the schedule was paused"
+                schedule, at=run_at, now=now, reason="run_at passed while the schedule was paused"
             )
     logger.info("resumed schedule %s", schedule.id, extra={"action": "resume_schedule"})
     return schedule

@@ -42,13 +42,13 @@ SCAN_DUE_SCHEDULES = """
 SELECT c.schedule_id, c.tenant_id, c.kind, c.cron, c.run_at, c.timezone, c.version, c.next_run_at, c.lane,
        c.flexible_window_seconds, c.priority, c.misfire_policy, c.max_lateness_seconds, c.catchup_limit,
        (SELECT t.max_catchup_per_minute FROM tenants_tenant AS t WHERE t.id = c.tenant_id), c.every_seconds,
-       c.anchor_at, c.dst_gap, c.dst_repeat, c.shard, c.ctid::text, c.schedule_id::text
+       c.anchor_at, c.dst_gap, c.dst_repeat, c.start_at, c.end_at, c.shard, c.ctid::text, c.schedule_id::text
 FROM unnest(%(shards)s::int[]) AS mine(shard)
 CROSS JOIN LATERAL (
     SELECT due.schedule_id, due.tenant_id, due.kind, due.cron, due.run_at, due.timezone, due.version,
            due.next_run_at, due.lane, due.flexible_window_seconds, due.priority, due.misfire_policy,
            due.max_lateness_seconds, due.catchup_limit, due.every_seconds, due.anchor_at, due.dst_gap,
-           due.dst_repeat, due.shard, due.ctid
+           due.dst_repeat, due.start_at, due.end_at, due.shard, due.ctid
     FROM schedules_schedulecursor AS due
     WHERE due.shard = mine.shard AND due.next_run_at IS NOT NULL AND due.next_run_at <= %(horizon_end)s
     ORDER BY due.next_run_at, due.tenant_id
@@ -118,6 +118,8 @@ WITH ended AS (
     -- The "ended" test comes before the LIMIT: one-offs still running must not fill every pass's page.
     SELECT c.schedule_id, c.version FROM schedules_schedulecursor AS c
     WHERE c.next_run_at IS NULL
+      -- A rule that ran out before its end_at (no fire left in the window) completes once end_at has passed.
+      AND (c.end_at IS NULL OR c.end_at <= clock_timestamp())
       AND NOT EXISTS (
         SELECT 1 FROM dispatch_occurrence AS o
         WHERE o.schedule_id = c.schedule_id AND o.schedule_version = c.version

@@ -56,12 +56,20 @@ def describe_schedule(schedule: Schedule) -> str:
         return f"Once at {format_local(schedule.run_at, schedule.timezone)} ({schedule.timezone})"
     if schedule.kind == Kind.INTERVAL:
         every = every_text(schedule.every_seconds).capitalize()
-        return f"{every} from {format_utc(schedule.anchor_at)}, elapsed time ({schedule.timezone})"
+        text = f"{every} from {format_utc(schedule.anchor_at)}, elapsed time ({schedule.timezone})"
+        return text + _window_text(schedule.start_at, schedule.end_at)
     try:
         text = describe_cron(schedule.cron or "")
     except TimeRuleError:
         text = schedule.cron or "?"
-    return f"{text} ({schedule.timezone}){_dst_policy_text(schedule.dst_gap, schedule.dst_repeat)}"
+    policy = _dst_policy_text(schedule.dst_gap, schedule.dst_repeat)
+    return f"{text} ({schedule.timezone}){policy}{_window_text(schedule.start_at, schedule.end_at)}"
+
+
+def _window_text(start: datetime | None, end: datetime | None) -> str:
+    """'; from 2026-12-01 09:00 UTC until 2026-12-31 18:00 UTC', or less of it, or nothing."""
+    parts = [f"from {format_utc(start)}" if start else "", f"until {format_utc(end)}" if end else ""]
+    return "; " + " ".join(part for part in parts if part) if start or end else ""
 
 
 def _dst_policy_text(gap: str | None, repeat: str | None) -> str:

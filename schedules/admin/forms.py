@@ -68,6 +68,8 @@ class ScheduleChangeForm(forms.ModelForm):
             "run_at": "Run at (UTC)",
             "every_seconds": "Every (seconds)",
             "anchor_at": "Anchor at (UTC)",
+            "start_at": "Start at (UTC)",
+            "end_at": "End at (UTC)",
             "dst_gap": "Skipped local times",
             "dst_repeat": "Repeated local times",
         }
@@ -82,6 +84,9 @@ class ScheduleChangeForm(forms.ModelForm):
             "the instant it names on the offset from before the change (02:30 in New York fires at 03:30 EDT).",
             "dst_repeat": "A local time the clocks repeat (fall back): fire at its first instant, its last, or both "
             "(two runs).",
+            "start_at": "No fire before this instant. Empty: from now.",
+            "end_at": "No fire after this instant; once it has passed and nothing is pending, the schedule is "
+            "completed. Empty: no end.",
         }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -62,7 +62,10 @@ def preview_json(request: HttpRequest) -> JsonResponse:
 
 
 # What describe_schedule reads of a definition.
-DESCRIBED_FIELDS = ("kind", "cron", "run_at", "every_seconds", "anchor_at", "timezone", "dst_gap", "dst_repeat")
+DESCRIBED_FIELDS = (
+    *("kind", "cron", "run_at", "every_seconds", "anchor_at", "timezone"),
+    *("dst_gap", "dst_repeat", "start_at", "end_at"),
+)
 
 
 def preview_body(definition: dict[str, Any], fires: list[datetime], *, after: datetime, now: datetime) -> dict:
@@ -109,4 +112,7 @@ def _why_empty(definition: dict[str, Any], now: datetime) -> str:
                 f"{definition['max_lateness_seconds']} s it would be recorded missed, not run."
             )
         return f"run_at ({format_utc(run_at)}) has passed."
+    end_at = definition.get("end_at")
+    if end_at is not None:
+        return f"The rule has no fire after this instant up to its end_at ({format_utc(end_at)})."
     return "The rule has no fire after this instant."

@@ -238,6 +238,9 @@ class ScheduleInputExtension(OpenApiSerializerExtension):
     def map_serializer(self, auto_schema, direction):
         schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
         _text_rules(self.target, schema)
+        for field in ("start_at", "end_at"):
+            # Unbounded unless given. (The rule between the two, end_at not before start_at, is in words.)
+            schema["properties"][field]["default"] = None
         schema["additionalProperties"] = False
         if auto_schema.method == "PATCH":
             schema["description"] = (

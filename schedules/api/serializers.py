@@ -175,6 +175,13 @@ class ScheduleInputSerializer(serializers.Serializer):
     timezone = TimezoneNameField(required=False, max_length=64)
     dst_gap = _choice_field(DstGap, allow_null=True)
     dst_repeat = _choice_field(DstRepeat, allow_null=True)
+    start_at = AwareDateTimeField(required=False, allow_null=True, help_text="No fire before this instant (included).")
+    end_at = AwareDateTimeField(
+        required=False,
+        allow_null=True,
+        help_text="No fire after this instant (included); once it has passed and nothing is pending, the schedule is "
+        "completed. Not before start_at.",
+    )
     lane = _choice_field(Lane)
     flexible_window_seconds = _int_field("flexible_window_seconds")
     priority = _int_field("priority")
@@ -249,6 +256,8 @@ class PreviewQuerySerializer(serializers.Serializer):
 class ScheduleSerializer(serializers.ModelSerializer):
     run_at = AwareDateTimeField(allow_null=True)
     anchor_at = AwareDateTimeField(allow_null=True)
+    start_at = AwareDateTimeField(allow_null=True)
+    end_at = AwareDateTimeField(allow_null=True)
     next_run_at = serializers.SerializerMethodField()
     created_at = AwareDateTimeField()
     updated_at = AwareDateTimeField()

@@ -3,7 +3,7 @@ change form filled in."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.conf import settings
 
@@ -34,6 +34,12 @@ def run_materializer(materializer: Materializer, *instants: datetime) -> None:
             pass
 
 
+def split_instant(name: str, value: datetime | None) -> dict[str, str]:
+    """A date and time field of the console's forms as it renders `value` (UTC), or empty."""
+    value = value.astimezone(UTC) if value else None
+    return {f"{name}_0": f"{value:%Y-%m-%d}" if value else "", f"{name}_1": f"{value:%H:%M:%S}" if value else ""}
+
+
 def form_data(schedule: Schedule, **overrides) -> dict:
     """The change form as the console renders it for `schedule`, with `overrides` typed in, submitted with Save."""
     data = {
@@ -46,6 +52,8 @@ def form_data(schedule: Schedule, **overrides) -> dict:
         "timezone": schedule.timezone,
         "dst_gap": schedule.dst_gap or "",
         "dst_repeat": schedule.dst_repeat or "",
+        **split_instant("start_at", schedule.start_at),
+        **split_instant("end_at", schedule.end_at),
         "handler": schedule.handler,
         "payload": "{}",
         "lane": schedule.lane,

@@ -24,6 +24,8 @@ SCHEDULE_KEYS = {
     "timezone",
     "dst_gap",
     "dst_repeat",
+    "start_at",
+    "end_at",
     "lane",
     "flexible_window_seconds",
     "priority",

@@ -86,4 +86,6 @@ def test_the_change_form_shows_interval_fields_for_that_kind_and_previews_them(t
         "run_at": None,
         "every_seconds": 90,
         "anchor_at": "2026-01-01T00:00:05Z",
+        "start_at": None,
+        "end_at": None,
     }

@@ -48,6 +48,9 @@
       // An empty choice is the default policy, which the API spells null.
       for (const name of KIND_FIELDS.cron) body[name] = field(form, name) || null;
     }
+    // Every kind's window; an empty one is unbounded (null).
+    body.start_at = instant(form, "start_at");
+    body.end_at = instant(form, "end_at");
     return body;
   }
 
