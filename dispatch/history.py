@@ -6,6 +6,7 @@ reconciler uses it as an independent second opinion, and backfill to recreate ex
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ class VersionSpan:
     # The version's window (absent from older snapshots: unbounded).
     start_at: datetime | None = None
     end_at: datetime | None = None
+    # Under max_runs, the runs left when the version began: it owes at most that many fires (None: no limit).
+    remaining_runs: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> VersionSpan:
@@ -58,6 +61,7 @@ class VersionSpan:
         end_at = _instant(row.get("end_at"), "end_at", errors)
         priority = _integer(row["priority"], "priority", errors) or 0
         every_seconds = _integer(row.get("every_seconds"), "every_seconds", errors)
+        remaining_runs = _integer(row.get("remaining_runs"), "remaining_runs", errors)
         return cls(
             schedule_id=row["schedule_id"],
             tenant_id=row["tenant_id"],
@@ -79,6 +83,7 @@ class VersionSpan:
             dst_repeat=row.get("dst_repeat") or None,
             start_at=start_at,
             end_at=end_at,
+            remaining_runs=remaining_runs,
         )
 
     @property
@@ -152,6 +157,15 @@ def expected_fires(span: VersionSpan, since: datetime, until: datetime) -> Itera
     rule = span.recurring_rule()
     if rule is None:
         raise ValueError(f"kind {span.kind!r} without its time fields has no fire times")
+    if span.remaining_runs is not None:
+        # Under max_runs the version owes its first remaining_runs fires: counted from valid_from, so this walk is
+        # as long as those fires (at most remaining_runs), wherever `since` lies.
+        for fire in itertools.islice(rule.iter_after(span.valid_from), max(0, span.remaining_runs)):
+            if fire >= end:
+                return
+            if fire >= since:
+                yield _fire(span, fire)
+        return
     # Fires are whole microseconds: "after since - 1 µs" is "at or after since".
     after = max(span.valid_from, since - _ONE_MICROSECOND)
     for fire in rule.iter_after(after):
@@ -171,6 +185,9 @@ def expects(span: VersionSpan, at: datetime) -> bool:
         return False
     if at <= span.valid_from or (span.valid_to is not None and at >= span.valid_to):
         return False
+    if span.remaining_runs is not None:
+        owed = itertools.islice(rule.iter_after(span.valid_from), max(0, span.remaining_runs))
+        return at in itertools.takewhile(lambda fire: fire <= at, owed)
     return rule.next_after(at - _ONE_MICROSECOND) == at
 
 

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.db import connection, transaction
 from django.db.models import QuerySet
@@ -101,27 +102,37 @@ def invalidate_unclaimed_occurrences(
 MAX_OWED_FIRES = 10_000
 
 
-def materialize_owed_fires(schedule, *, now: datetime) -> int:
+class OwedFires(NamedTuple):
+    written: int  # rows written
+    remaining_runs: int | None  # runs left under max_runs once they are written (None: no limit)
+
+
+def materialize_owed_fires(schedule, *, now: datetime) -> OwedFires:
     """Produce the fires the current version still owes up to `now` (the materializer was behind) before a change
     moves the cursor on, exactly as the materializer would have: the misfire policy decides which are delivered
-    and which are recorded missed (with the reason). Delivered ones are kept, so the change that follows does
-    not withdraw them: they were due before it. Returns how many rows were written.
+    and which are recorded missed (with the reason), and each takes one of the runs left under max_runs. Delivered
+    ones are kept, so the change that follows does not withdraw them: they were due before it.
 
     The caller holds the schedule's row lock, so the materializer (SKIP LOCKED) cannot plan this schedule at the
     same time; fires it already wrote keep their rows.
     """
     due = due_schedule_of(
-        vars(schedule), next_run_at=schedule.next_run_at, catchup_per_minute=schedule.tenant.max_catchup_per_minute
+        vars(schedule),
+        next_run_at=schedule.next_run_at,
+        catchup_per_minute=schedule.tenant.max_catchup_per_minute,
+        remaining_runs=schedule.remaining_runs_now,
     )
     plans: list[Plan] = []
     planned = 0
+    remaining_runs = due.remaining_runs
     while due.next_run_at is not None and due.next_run_at <= now and planned < MAX_OWED_FIRES:
         plan = plan_schedule(due, now=now, horizon=timedelta(0))
         plans.append(plan)
         planned += len(plan.occurrences)
+        remaining_runs = plan.remaining_runs
         if plan.new_cursor is None or plan.new_cursor == due.next_run_at:
             break
-        due = due._replace(next_run_at=plan.new_cursor)
+        due = due._replace(next_run_at=plan.new_cursor, remaining_runs=plan.remaining_runs)
     if due.next_run_at is not None and due.next_run_at <= now and planned >= MAX_OWED_FIRES:
         # Further behind than one call may write: the rest has no row, and reconcile will report it as gaps.
         logger.error(
@@ -156,7 +167,7 @@ def materialize_owed_fires(schedule, *, now: datetime) -> int:
             new - delivered,
             extra={"action": "owed_fires"},
         )
-    return new
+    return OwedFires(new, remaining_runs)
 
 
 def record_missed_fire(schedule, *, at: datetime, now: datetime, reason: str) -> bool:
@@ -185,6 +196,16 @@ def pending_fires(now: datetime) -> QuerySet[Occurrence]:
     """Fires materialized but not yet handed to the broker (state scheduled), recent enough not to be stuck;
     served by occurrence_schedule_recent (schedule_id, scheduled_for)."""
     return Occurrence.objects.filter(state=OccurrenceState.SCHEDULED, scheduled_for__gte=now - PENDING_LOOKBACK)
+
+
+def fires_written_after(schedule_id: uuid.UUID, after: datetime) -> int:
+    """The schedule's fires of its rhythm already written for after `after` and not withdrawn: under max_runs they
+    have taken their runs, and still happen (a preview counts them with the runs left)."""
+    return (
+        Occurrence.objects.filter(schedule_id=schedule_id, manual=False, scheduled_for__gt=after)
+        .exclude(state=OccurrenceState.CANCELED)
+        .count()
+    )
 
 
 def earliest_pending_fire(schedule_id: uuid.UUID, now: datetime) -> datetime | None:

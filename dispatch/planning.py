@@ -58,6 +58,8 @@ class DueSchedule(NamedTuple):
     # Every kind: the window its fires lie in (None: unbounded).
     start_at: datetime | None = None
     end_at: datetime | None = None
+    # Fires left to write under max_runs (None: no limit). Not part of the walk: each schedule's plan is cut to it.
+    remaining_runs: int | None = None
 
     @property
     def rule(self) -> TimeRule:
@@ -104,6 +106,7 @@ def late_one_off_fires(definition: Mapping[str, Any], rule: TimeRule, *, now: da
         dst_repeat=None,
         start_at=rule.start_at,
         end_at=rule.end_at,
+        remaining_runs=None,
     )
     return bool(plan_schedule(due, now=now, horizon=timedelta(0)).to_enqueue)
 
@@ -157,6 +160,8 @@ class Plan:
     new_cursor: datetime | None = None
     # Some of its fires are kept late fires, to be paced on the tenant's catch-up budget before they are written.
     catch_up: bool = False
+    # Fires left under max_runs once this plan's are written (None: no limit).
+    remaining_runs: int | None = None
 
     @property
     def completed(self) -> bool:
@@ -225,9 +230,16 @@ class Walk:
         suffixes = self._suffixes.get(schedule.version)
         if suffixes is None:
             suffixes = self._suffixes[schedule.version] = tuple(name_suffix(schedule.version, f.at) for f in self.fires)
+        fires = self.fires
+        remaining = schedule.remaining_runs
+        if remaining is not None:
+            # Only the first max_runs fires exist: the last one ends the rhythm (the cursor stops, NULL).
+            if len(fires) >= remaining:
+                fires, suffixes, plan.new_cursor = fires[: max(0, remaining)], suffixes[: max(0, remaining)], None
+            plan.remaining_runs = max(0, remaining - len(fires))
         prefix = name_prefix(schedule_text or str(schedule.id))
         flexible = schedule.lane == Lane.FLEXIBLE
-        for fire, suffix in zip(self.fires, suffixes, strict=True):
+        for fire, suffix in zip(fires, suffixes, strict=True):
             occurrence_id = occurrence_id_of(prefix, suffix)
             if fire.catch_up:
                 available_at = self.now

@@ -35,6 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "dst_repeat": None,
     "start_at": None,
     "end_at": None,
+    "max_runs": None,
     "lane": Lane.STRICT,
     "flexible_window_seconds": 300,
     "priority": 0,
@@ -46,6 +47,8 @@ DEFAULTS: dict[str, Any] = {
     "max_attempts": 5,
 }
 REQUIRED_FIELDS = ("name", "kind", "handler")
+# The largest max_runs: the integer column's range.
+MAX_RUNS = 2_147_483_647
 # The fields that say when a schedule of each kind fires; another kind's are refused (a blank cron counts as none).
 TIME_FIELDS: dict[str, tuple[str, ...]] = {
     Kind.CRON: ("cron", "dst_gap", "dst_repeat"),
@@ -127,6 +130,11 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
             errors.setdefault(field, []).append(out_of_range)
 
     _check_window(definition, errors)
+    max_runs = definition.get("max_runs")
+    if max_runs is not None and (
+        not isinstance(max_runs, int) or isinstance(max_runs, bool) or not 1 <= max_runs <= MAX_RUNS
+    ):
+        errors.setdefault("max_runs", []).append(f"Must be an integer from 1 to {MAX_RUNS} (or null: no limit).")
 
     handler = definition.get("handler")
     if handler and not is_registered(handler):

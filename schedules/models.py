@@ -27,6 +27,7 @@ DEFINITION_FIELDS = (
     "dst_repeat",
     "start_at",
     "end_at",
+    "max_runs",
     "lane",
     "flexible_window_seconds",
     "priority",
@@ -103,6 +104,11 @@ class Schedule(models.Model):
     # is pending.
     start_at = models.DateTimeField(null=True, blank=True)
     end_at = models.DateTimeField(null=True, blank=True)
+    # Only the first max_runs fires of the rhythm exist (missed ones count, manual triggers do not). The count left
+    # lives on the cursor while the schedule is active (the materializer takes one per fire it writes) and here
+    # while it is not (remaining_runs_now reads the right one).
+    max_runs = models.PositiveIntegerField(null=True, blank=True)
+    remaining_runs = models.IntegerField(null=True, blank=True, editable=False)
     lane = models.CharField(max_length=8, choices=Lane.choices, default=Lane.STRICT)
     flexible_window_seconds = models.PositiveIntegerField(default=300)
     priority = models.SmallIntegerField(default=0)
@@ -183,6 +189,21 @@ class Schedule(models.Model):
         self.__dict__["_next_run_at"] = value
 
     @property
+    def remaining_runs_now(self) -> int | None:
+        """Fires left under max_runs: the cursor's count while active, the schedule's own otherwise (None: no
+        limit). Fires are counted when the materializer writes them, up to its horizon before they are due."""
+        if self.max_runs is None:
+            return None
+        if self.state == ScheduleState.ACTIVE:
+            try:
+                cursor = self.cursor
+            except ScheduleCursor.DoesNotExist:
+                cursor = None
+            if cursor is not None and cursor.remaining_runs is not None:
+                return cursor.remaining_runs
+        return self.remaining_runs
+
+    @property
     def time_rule(self) -> TimeRule:
         return TimeRule(
             kind=self.kind,
@@ -205,6 +226,8 @@ class Schedule(models.Model):
             value = getattr(self, field)
             snapshot[field] = value.isoformat() if value else None
         snapshot["state"] = self.state
+        # The runs left when the version began: reconcile expects at most that many of its fires.
+        snapshot["remaining_runs"] = self.remaining_runs
         return snapshot
 
 
@@ -237,6 +260,9 @@ class ScheduleCursor(models.Model):
     dst_repeat = models.CharField(max_length=8, choices=DstRepeat.choices, null=True, blank=True)
     start_at = models.DateTimeField(null=True, blank=True)
     end_at = models.DateTimeField(null=True, blank=True)
+    # Fires still to be written under max_runs (None: no limit). The materializer takes one per fire it writes, the
+    # control plane sets it at every version (never copied by a plain save: the materializer may have moved it).
+    remaining_runs = models.IntegerField(null=True, blank=True)
     lane = models.CharField(max_length=8, choices=Lane.choices)
     flexible_window_seconds = models.PositiveIntegerField()
     priority = models.SmallIntegerField()
@@ -288,9 +314,10 @@ class ScheduleCursor(models.Model):
             shard=schedule.shard,
             version=schedule.version,
             next_run_at=next_run_at,
+            remaining_runs=schedule.remaining_runs,
             **{field: getattr(schedule, field) for field in PLANNING_FIELDS},
         )
-        updated = ["tenant_id", "shard", "version", "next_run_at", *PLANNING_FIELDS]
+        updated = ["tenant_id", "shard", "version", "next_run_at", "remaining_runs", *PLANNING_FIELDS]
         ScheduleCursor.objects.bulk_create(
             [cursor], update_conflicts=True, unique_fields=["schedule"], update_fields=updated
         )

@@ -58,14 +58,24 @@ def preview_fires(rule: TimeRule, *, after: datetime, count: int) -> list[dateti
     return fires
 
 
-def preview_definition(definition: dict[str, Any], *, after: datetime, count: int, now: datetime) -> list[datetime]:
+def preview_definition(
+    definition: dict[str, Any], *, after: datetime, count: int, now: datetime, runs_left: int | None = None
+) -> list[datetime]:
     """What a schedule with this definition would fire from `after` on, if created (or left active) now.
 
     The next fires strictly after `after` (an interval without anchor_at anchored at `now`, as create would), and
     one case more: a one-off whose run_at has already passed is created anyway and its misfire policy decides at
     once (dispatch.planning, the materializer's own rule) whether it fires now or is recorded missed. The preview
     shows the fire when it would run, so preview and create agree.
+
+    Under max_runs only `runs_left` fires are listed (an unsaved definition: max_runs, counted from `after`).
     """
+    if runs_left is None:
+        runs_left = definition.get("max_runs")
+    if runs_left is not None:
+        count = min(count, runs_left)
+        if count <= 0:
+            return []
     rule = time_rule_of(anchored_at_now(definition, now))
     run_at = rule.run_at
     if rule.kind == Kind.ONCE and run_at is not None and run_at <= min(after, now):
@@ -73,6 +83,15 @@ def preview_definition(definition: dict[str, Any], *, after: datetime, count: in
             return []
         return [run_at] if dispatch_services.late_one_off_fires(definition, rule, now=now) else []
     return preview_fires(rule, after=after, count=count)
+
+
+def runs_left_after(schedule: Schedule, after: datetime) -> int | None:
+    """Under max_runs, how many of the schedule's fires after `after` still happen: the runs left, and the fires
+    already written for after `after` (they took theirs). None: no limit."""
+    remaining = schedule.remaining_runs_now
+    if remaining is None:
+        return None
+    return remaining + dispatch_services.fires_written_after(schedule.id, after)
 
 
 def _first_fire(rule: TimeRule, now: datetime) -> datetime | None:
@@ -109,8 +128,11 @@ def _lock_for_change(schedule: Schedule, now: datetime) -> Schedule:
     behind) are first produced under its misfire policy, as the materializer would have: the cursor is about to
     move on, and a fire without a row would be a silent omission (docs/ARCHITECTURE.md rule 7)."""
     locked = _locked(schedule)
+    if locked.state == ScheduleState.ACTIVE:
+        # The runs left are the cursor's while the schedule is active: the version about to be saved starts from them.
+        locked.remaining_runs = locked.remaining_runs_now
     if locked.state == ScheduleState.ACTIVE and locked.next_run_at is not None and locked.next_run_at <= now:
-        dispatch_services.materialize_owed_fires(locked, now=now)
+        locked.remaining_runs = dispatch_services.materialize_owed_fires(locked, now=now).remaining_runs
     return locked
 
 
@@ -127,11 +149,12 @@ def _bump(schedule: Schedule, change: str, actor: str, now: datetime, note: str 
     """Save a new version and withdraw what older versions left unclaimed (docs/ARCHITECTURE.md rule 9).
 
     Backfilled, replayed and manually triggered occurrences (forced) survive an update or pause, which they
-    predate by design; a cancel withdraws them too."""
+    predate by design; a cancel withdraws them too.
+
+    Under max_runs, each withdrawn fire gives its run back (it will not happen), and a schedule with none left stops
+    here: its cursor is emptied and the maintenance pass completes it once its last occurrence has ended."""
     schedule.version += 1
-    schedule.save()
-    _record_version(schedule, change, actor, now, note)
-    dispatch_services.invalidate_unclaimed_occurrences(
+    withdrawn = dispatch_services.invalidate_unclaimed_occurrences(
         schedule.id,
         schedule.version,
         now,
@@ -141,6 +164,13 @@ def _bump(schedule: Schedule, change: str, actor: str, now: datetime, note: str 
         # jittered release may still lie ahead) and runs. A cancel withdraws everything not yet claimed.
         keep_due_at=None if change == VersionChange.CANCEL else now,
     )
+    if schedule.remaining_runs is not None and change != VersionChange.CANCEL:
+        # Only unforced occurrences were withdrawn (the materializer's fires): manual triggers never took a run.
+        schedule.remaining_runs += withdrawn
+        if schedule.remaining_runs <= 0 and schedule.state == ScheduleState.ACTIVE:
+            schedule.remaining_runs, schedule.next_run_at = 0, None
+    schedule.save()
+    _record_version(schedule, change, actor, now, note)
 
 
 def create_schedule(
@@ -168,6 +198,7 @@ def create_schedule(
             schedule.shard = shard_for(schedule.id)
             schedule.next_run_at = _first_fire(schedule.time_rule, now)
             schedule.state = _state_with_cursor(schedule, now)
+            schedule.remaining_runs = schedule.max_runs
             schedule.idempotency_key = idempotency_key or None
             schedule.request_fingerprint = body_hash if idempotency_key else None
             schedule.created_by = actor
@@ -226,7 +257,7 @@ def update_schedule(
         if schedule.state == ScheduleState.CANCELED:
             raise StateConflict("A canceled schedule cannot be changed.")
         merged = {field: getattr(schedule, field) for field in DEFINITION_FIELDS}
-        stored_run_at = schedule.run_at
+        stored_run_at, stored_max_runs = schedule.run_at, schedule.max_runs
         merged.update(changes)
         # Switching kind drops the time fields of the old kind unless the caller set them explicitly (then they are
         # refused). A switch to interval without anchor_at is anchored now, as a create would be.
@@ -237,6 +268,9 @@ def update_schedule(
         definition = anchored_at_now(clean_definition(merged), now)
         for field, value in definition.items():
             setattr(schedule, field, value)
+        schedule.remaining_runs = _runs_left_after_limit_change(
+            schedule.remaining_runs, stored_max_runs, schedule.max_runs
+        )
         if schedule.state in (ScheduleState.ACTIVE, ScheduleState.COMPLETED):
             was_counted = schedule.state == ScheduleState.ACTIVE
             # A zone or expression change affects only fires after now, under the new version. A one-off given a
@@ -253,6 +287,15 @@ def update_schedule(
         _bump(schedule, VersionChange.UPDATE, actor, now)
     logger.info("updated schedule %s to v%d", schedule.id, schedule.version, extra={"action": "update_schedule"})
     return schedule
+
+
+def _runs_left_after_limit_change(remaining: int | None, old_limit: int | None, new_limit: int | None) -> int | None:
+    """A raised or lowered max_runs moves the runs left by as much; a new limit counts from the change; none, none."""
+    if new_limit is None:
+        return None
+    if old_limit is None or remaining is None:
+        return new_limit
+    return max(0, remaining + new_limit - old_limit)
 
 
 def _state_with_cursor(schedule: Schedule, now: datetime) -> str:

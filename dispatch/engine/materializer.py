@@ -369,6 +369,8 @@ class Materializer:
                 # A one-off's cursor becomes NULL: the maintenance pass completes the schedule once its occurrence
                 # has ended (complete_fired_one_offs), at once if the fire was recorded missed.
                 "new_cursors": [p.new_cursor for p in plans],
+                # Under max_runs, what is left once this batch's fires are written (NULL: no limit).
+                "remaining_runs": [p.remaining_runs for p in plans],
             },
         )
         if cursor.rowcount != len(plans):

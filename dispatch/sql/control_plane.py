@@ -19,7 +19,7 @@ SELECT schedule_id, tenant_id, version, change, valid_from, valid_to,
        definition ->> 'anchor_at' AS anchor_at, definition ->> 'timezone' AS timezone, definition ->> 'lane' AS lane,
        definition ->> 'priority' AS priority, definition ->> 'dst_gap' AS dst_gap,
        definition ->> 'dst_repeat' AS dst_repeat, definition ->> 'start_at' AS start_at,
-       definition ->> 'end_at' AS end_at
+       definition ->> 'end_at' AS end_at, definition ->> 'remaining_runs' AS remaining_runs
 FROM schedules_scheduleversion
 WHERE schedule_id = ANY(%(schedule_ids)s::uuid[])
   AND valid_from < %(until)s AND (valid_to IS NULL OR valid_to > %(since)s)

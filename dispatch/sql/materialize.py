@@ -42,13 +42,14 @@ SCAN_DUE_SCHEDULES = """
 SELECT c.schedule_id, c.tenant_id, c.kind, c.cron, c.run_at, c.timezone, c.version, c.next_run_at, c.lane,
        c.flexible_window_seconds, c.priority, c.misfire_policy, c.max_lateness_seconds, c.catchup_limit,
        (SELECT t.max_catchup_per_minute FROM tenants_tenant AS t WHERE t.id = c.tenant_id), c.every_seconds,
-       c.anchor_at, c.dst_gap, c.dst_repeat, c.start_at, c.end_at, c.shard, c.ctid::text, c.schedule_id::text
+       c.anchor_at, c.dst_gap, c.dst_repeat, c.start_at, c.end_at, c.remaining_runs, c.shard, c.ctid::text,
+       c.schedule_id::text
 FROM unnest(%(shards)s::int[]) AS mine(shard)
 CROSS JOIN LATERAL (
     SELECT due.schedule_id, due.tenant_id, due.kind, due.cron, due.run_at, due.timezone, due.version,
            due.next_run_at, due.lane, due.flexible_window_seconds, due.priority, due.misfire_policy,
            due.max_lateness_seconds, due.catchup_limit, due.every_seconds, due.anchor_at, due.dst_gap,
-           due.dst_repeat, due.start_at, due.end_at, due.shard, due.ctid
+           due.dst_repeat, due.start_at, due.end_at, due.remaining_runs, due.shard, due.ctid
     FROM schedules_schedulecursor AS due
     WHERE due.shard = mine.shard AND due.next_run_at IS NOT NULL AND due.next_run_at <= %(horizon_end)s
     ORDER BY due.next_run_at, due.tenant_id
@@ -116,22 +117,25 @@ RETURNING occurrence_id
 COMPLETE_FIRED_ONE_OFFS = """
 WITH ended AS (
     -- The "ended" test comes before the LIMIT: one-offs still running must not fill every pass's page.
-    SELECT c.schedule_id, c.version FROM schedules_schedulecursor AS c
+    SELECT c.schedule_id, c.version, c.remaining_runs FROM schedules_schedulecursor AS c
     WHERE c.next_run_at IS NULL
-      -- A rule that ran out before its end_at (no fire left in the window) completes once end_at has passed.
-      AND (c.end_at IS NULL OR c.end_at <= clock_timestamp())
+      -- A rule that ran out before its end_at (no fire left in the window) completes once end_at has passed; one
+      -- that used up its max_runs at once.
+      AND (c.end_at IS NULL OR c.end_at <= clock_timestamp() OR c.remaining_runs = 0)
       AND NOT EXISTS (
         SELECT 1 FROM dispatch_occurrence AS o
         WHERE o.schedule_id = c.schedule_id AND o.schedule_version = c.version
           AND o.state NOT IN ('succeeded', 'dead', 'missed', 'canceled', 'skipped_overlap'))
     LIMIT %(limit)s
 ), locked AS (
-    SELECT s.id, ended.version FROM schedules_schedule AS s
+    SELECT s.id, ended.version, ended.remaining_runs FROM schedules_schedule AS s
     JOIN ended ON ended.schedule_id = s.id AND ended.version = s.version
     WHERE s.state = 'active'
     FOR UPDATE OF s SKIP LOCKED
 ), completed AS (
-    UPDATE schedules_schedule AS s SET state = 'completed', updated_at = clock_timestamp()
+    -- The runs left move to the schedule row with the cursor gone (0 for one that used up its max_runs).
+    UPDATE schedules_schedule AS s
+    SET state = 'completed', updated_at = clock_timestamp(), remaining_runs = locked.remaining_runs
     FROM locked WHERE s.id = locked.id
     RETURNING s.id
 )
@@ -154,9 +158,9 @@ RETURNING c.schedule_id
 # is never written by a batch: that would take locks in the opposite order to the control plane's.
 ADVANCE_CURSORS = """
 UPDATE schedules_schedulecursor AS c
-SET next_run_at = u.new_cursor
+SET next_run_at = u.new_cursor, remaining_runs = u.remaining_runs
 FROM unnest(%(rows)s::text[]::tid[], %(versions)s::int[], %(old_cursors)s::timestamptz[],
-            %(new_cursors)s::timestamptz[])
-     AS u(row, version, old_cursor, new_cursor)
+            %(new_cursors)s::timestamptz[], %(remaining_runs)s::int[])
+     AS u(row, version, old_cursor, new_cursor, remaining_runs)
 WHERE c.ctid = u.row AND c.version = u.version AND c.next_run_at = u.old_cursor
 """

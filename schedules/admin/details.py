@@ -14,7 +14,7 @@ from core.dst import preview_notes
 from dispatch.models import Occurrence
 from schedules.admin.formatting import format_local, format_utc, summarize_definition
 from schedules.models import Schedule, ScheduleVersion
-from schedules.services import preview_fires
+from schedules.services import preview_fires, runs_left_after
 
 PREVIEW_FIRES = 10
 RECENT_OCCURRENCES = 20
@@ -37,8 +37,10 @@ def schedule_details(schedule: Schedule) -> dict[str, Any]:
 def _next_fires(schedule: Schedule, now: datetime) -> dict[str, Any]:
     if schedule.state in (ScheduleState.CANCELED, ScheduleState.COMPLETED):
         return {"next_fires": [], "fires_note": f"No upcoming fires: the schedule is {schedule.state}."}
+    runs_left = runs_left_after(schedule, now)
+    count = PREVIEW_FIRES if runs_left is None else min(PREVIEW_FIRES, runs_left)
     try:
-        fires = preview_fires(schedule.time_rule, after=now, count=PREVIEW_FIRES)
+        fires = preview_fires(schedule.time_rule, after=now, count=count) if count > 0 else []
     except TimeRuleError as exc:
         return {"next_fires": [], "fires_note": f"The time rule cannot be evaluated: {exc.message}"}
     note = ""

@@ -57,13 +57,24 @@ def describe_schedule(schedule: Schedule) -> str:
     if schedule.kind == Kind.INTERVAL:
         every = every_text(schedule.every_seconds).capitalize()
         text = f"{every} from {format_utc(schedule.anchor_at)}, elapsed time ({schedule.timezone})"
-        return text + _window_text(schedule.start_at, schedule.end_at)
+        return text + _window_text(schedule.start_at, schedule.end_at) + _runs_text(schedule)
     try:
         text = describe_cron(schedule.cron or "")
     except TimeRuleError:
         text = schedule.cron or "?"
     policy = _dst_policy_text(schedule.dst_gap, schedule.dst_repeat)
-    return f"{text} ({schedule.timezone}){policy}{_window_text(schedule.start_at, schedule.end_at)}"
+    window = _window_text(schedule.start_at, schedule.end_at)
+    return f"{text} ({schedule.timezone}){policy}{window}{_runs_text(schedule)}"
+
+
+def _runs_text(schedule: Schedule) -> str:
+    """'; 3 of 5 runs left' for a saved schedule under max_runs, '; at most 5 runs' for an unsaved one."""
+    if schedule.max_runs is None:
+        return ""
+    remaining = schedule.remaining_runs_now if not schedule._state.adding else None
+    if remaining is None:
+        return f"; at most {schedule.max_runs} runs"
+    return f"; {remaining} of {schedule.max_runs} runs left"
 
 
 def _window_text(start: datetime | None, end: datetime | None) -> str:

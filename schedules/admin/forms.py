@@ -68,6 +68,7 @@ class ScheduleChangeForm(forms.ModelForm):
             "run_at": "Run at (UTC)",
             "every_seconds": "Every (seconds)",
             "anchor_at": "Anchor at (UTC)",
+            "max_runs": "Max runs",
             "start_at": "Start at (UTC)",
             "end_at": "End at (UTC)",
             "dst_gap": "Skipped local times",
@@ -84,6 +85,8 @@ class ScheduleChangeForm(forms.ModelForm):
             "the instant it names on the offset from before the change (02:30 in New York fires at 03:30 EDT).",
             "dst_repeat": "A local time the clocks repeat (fall back): fire at its first instant, its last, or both "
             "(two runs).",
+            "max_runs": "Only this many fires happen (missed ones count, Run now does not); then the schedule is "
+            "completed. A change moves the runs left by as much. Empty: no limit.",
             "start_at": "No fire before this instant. Empty: from now.",
             "end_at": "No fire after this instant; once it has passed and nothing is pending, the schedule is "
             "completed. Empty: no end.",

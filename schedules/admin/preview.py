@@ -64,7 +64,7 @@ def preview_json(request: HttpRequest) -> JsonResponse:
 # What describe_schedule reads of a definition.
 DESCRIBED_FIELDS = (
     *("kind", "cron", "run_at", "every_seconds", "anchor_at", "timezone"),
-    *("dst_gap", "dst_repeat", "start_at", "end_at"),
+    *("dst_gap", "dst_repeat", "start_at", "end_at", "max_runs"),
 )
 
 

@@ -161,7 +161,7 @@ class ScheduleAdmin(ScheduleOperationsMixin, ScheduleColumnsMixin, SafeActionSel
     def get_fieldsets(self, request: HttpRequest, obj: Schedule | None = None):
         definition = [
             *("name", "kind", "cron", "run_at", "every_seconds", "anchor_at", "timezone", "dst_gap", "dst_repeat"),
-            *("start_at", "end_at", "handler", "payload"),
+            *("start_at", "end_at", "max_runs", "handler", "payload"),
         ]
         note = "Read-only: a canceled schedule is final."
         if self.has_change_permission(request, obj):

@@ -16,7 +16,7 @@ from core.clock import db_now
 from core.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, TimeRule, local_time
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 from dispatch.services import earliest_pending_fire
-from schedules.definitions import NUMERIC_RANGES
+from schedules.definitions import MAX_RUNS, NUMERIC_RANGES
 from schedules.json_input import MAX_JSON_DEPTH, json_depth_exceeds
 from schedules.models import DEFINITION_FIELDS, Schedule
 from schedules.services import MAX_PREVIEW_COUNT
@@ -25,7 +25,7 @@ from schedules.services import MAX_PREVIEW_COUNT
 MAX_IDEMPOTENCY_KEY_LENGTH: int = Schedule._meta.get_field("idempotency_key").max_length or 0
 # Keys the server sets. A PATCH may send them back from a GET unchanged (ignored); a different value is a 400, not a
 # silent no-op: `{"state": "paused"}` answered 200 and bumped the version without pausing anything.
-READ_ONLY_KEYS = frozenset({"id", "state", "version", "next_run_at", "created_at", "updated_at"})
+READ_ONLY_KEYS = frozenset({"id", "state", "version", "next_run_at", "remaining_runs", "created_at", "updated_at"})
 # Marks a schedule whose pending fire the queryset did not annotate (a detail view): looked up on demand.
 _NOT_LOADED = object()
 READ_ONLY_HINTS = {
@@ -182,6 +182,14 @@ class ScheduleInputSerializer(serializers.Serializer):
         help_text="No fire after this instant (included); once it has passed and nothing is pending, the schedule is "
         "completed. Not before start_at.",
     )
+    max_runs = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=MAX_RUNS,
+        help_text="Only the first max_runs fires exist (missed ones count, manual triggers do not); then the schedule "
+        "is completed.",
+    )
     lane = _choice_field(Lane)
     flexible_window_seconds = _int_field("flexible_window_seconds")
     priority = _int_field("priority")
@@ -259,13 +267,23 @@ class ScheduleSerializer(serializers.ModelSerializer):
     start_at = AwareDateTimeField(allow_null=True)
     end_at = AwareDateTimeField(allow_null=True)
     next_run_at = serializers.SerializerMethodField()
+    remaining_runs = serializers.SerializerMethodField()
     created_at = AwareDateTimeField()
     updated_at = AwareDateTimeField()
 
     class Meta:
         model = Schedule
-        fields = ["id", *DEFINITION_FIELDS, "state", "version", "next_run_at", "created_at", "updated_at"]
+        fields = [
+            *("id", *DEFINITION_FIELDS, "remaining_runs", "state", "version", "next_run_at"),
+            *("created_at", "updated_at"),
+        ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True, min_value=0))
+    def get_remaining_runs(self, schedule: Schedule) -> int | None:
+        """Under max_runs, the fires not yet written (the materializer writes each up to its horizon before it is
+        due); 0 once the last is written. None without max_runs."""
+        return schedule.remaining_runs_now
 
     @extend_schema_field(serializers.DateTimeField(allow_null=True))
     def get_next_run_at(self, schedule: Schedule) -> str | None:

@@ -180,7 +180,8 @@ class ScheduleViewSet(
         fires: list[datetime] = []
         if schedule.state == ScheduleState.ACTIVE:
             definition = {field: getattr(schedule, field) for field in DEFINITION_FIELDS}
-            fires = services.preview_definition(definition, after=after, count=count, now=now)
+            runs_left = services.runs_left_after(schedule, after)
+            fires = services.preview_definition(definition, after=after, count=count, now=now, runs_left=runs_left)
         return Response(fires_json(fires, schedule.time_rule))
 
     @extend_schema(request=PreviewInputSerializer, responses={200: FiresSerializer, **errors(413)})

@@ -54,6 +54,7 @@ def form_data(schedule: Schedule, **overrides) -> dict:
         "dst_repeat": schedule.dst_repeat or "",
         **split_instant("start_at", schedule.start_at),
         **split_instant("end_at", schedule.end_at),
+        "max_runs": schedule.max_runs or "",
         "handler": schedule.handler,
         "payload": "{}",
         "lane": schedule.lane,

@@ -26,6 +26,8 @@ SCHEDULE_KEYS = {
     "dst_repeat",
     "start_at",
     "end_at",
+    "max_runs",
+    "remaining_runs",
     "lane",
     "flexible_window_seconds",
     "priority",

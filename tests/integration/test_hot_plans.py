@@ -148,6 +148,7 @@ def test_advancing_a_batch_of_cursors_reads_only_their_rows(cursors_mostly_ahead
         "versions": [row[1] for row in batch],
         "old_cursors": [row[2] for row in batch],
         "new_cursors": [row[2] + timedelta(minutes=1) for row in batch],
+        "remaining_runs": [None] * len(batch),
     }
     read = rows_read(materialize_sql.ADVANCE_CURSORS, params, "schedules_schedulecursor")
     assert read <= len(batch), f"read {read} cursor rows to advance {len(batch)} (of {CURSORS})"

@@ -55,12 +55,22 @@ def demo_schedules(now: Any) -> list[dict[str, Any]]:
             "flexible_window_seconds": 120,
         },
         {
+            # Fires at both instants of Lord Howe's repeated half hour: never silent on the night clocks go back.
             "name": "quarter-hour-poll",
             "kind": "cron",
             "cron": "*/15 * * * *",
             "timezone": "Australia/Lord_Howe",
+            "dst_repeat": "both",
             "handler": "noop",
             "overlap_policy": "skip_if_running",
+        },
+        {
+            # Five runs, a minute apart, then completed: the list counts them down.
+            "name": "warm-up-probe",
+            "kind": "interval",
+            "every_seconds": 60,
+            "max_runs": 5,
+            "handler": "noop",
         },
         {
             # Points at a port on this machine: the webhook handler refuses private addresses, so every run ends

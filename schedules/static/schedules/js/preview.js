@@ -12,7 +12,7 @@
   const DEBOUNCE_MS = 300;
   const COUNT = 10;
   const TEXT_FIELDS = ["kind", "cron", "timezone", "lane", "misfire_policy"];
-  const INTEGER_FIELDS = ["flexible_window_seconds", "priority", "max_lateness_seconds", "catchup_limit"];
+  const INTEGER_FIELDS = ["flexible_window_seconds", "priority", "max_lateness_seconds", "catchup_limit", "max_runs"];
   // Each kind's own fields: shown for that kind only (the form drops another kind's on save).
   const KIND_FIELDS = { interval: ["every_seconds", "anchor_at"], cron: ["dst_gap", "dst_repeat"] };
 
