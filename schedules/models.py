@@ -121,6 +121,9 @@ class Schedule(models.Model):
     max_attempts = models.PositiveSmallIntegerField(default=5)
 
     state = models.CharField(max_length=10, choices=ScheduleState.choices, default=ScheduleState.ACTIVE)
+    # While paused: when it resumes by itself (the materializer's maintenance pass, schedules.services
+    # resume_due_pauses); None otherwise.
+    resume_at = models.DateTimeField(null=True, blank=True, editable=False)
     version = models.PositiveIntegerField(default=1)
     # The UTC cursor (next_run_at, below) lives in ScheduleCursor.
     shard = models.PositiveIntegerField(editable=False)
@@ -142,6 +145,8 @@ class Schedule(models.Model):
             models.Index(fields=["tenant", "-created_at"], name="schedule_tenant_created"),
             # The operator console's unfiltered list (newest first) over every tenant.
             models.Index(fields=["-created_at", "id"], name="schedule_created_desc"),
+            # The pauses due to end: a few rows among millions, found by the maintenance pass.
+            models.Index(fields=["resume_at"], name="schedule_resume_due", condition=Q(resume_at__isnull=False)),
         ]
         constraints = [
             models.UniqueConstraint(

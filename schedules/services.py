@@ -11,7 +11,7 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -23,7 +23,7 @@ from core.shards import shard_for
 from core.timerules import TimeRule
 from dispatch import services as dispatch_services
 from schedules.definitions import TIME_FIELDS, anchored_at_now, clean_definition, time_rule_of
-from schedules.errors import QuotaExceeded, StateConflict
+from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
 from schedules.models import DEFINITION_FIELDS, Schedule, ScheduleVersion, VersionChange
 from tenants.models import Tenant
 from tenants.services import schedules_held
@@ -314,17 +314,31 @@ def _next_fire_after_change(rule: TimeRule, now: datetime) -> datetime | None:
     return rule.next_after(now)
 
 
-def pause_schedule(schedule: Schedule, *, actor: str, note: str = "", now: datetime | None = None) -> Schedule:
-    """Stop firing from now; `note` (why, in the actor's words) is kept on the new version."""
+def pause_schedule(
+    schedule: Schedule,
+    *,
+    actor: str,
+    note: str = "",
+    now: datetime | None = None,
+    resume_at: datetime | None = None,
+) -> Schedule:
+    """Stop firing from now; `note` (why, in the actor's words) is kept on the new version. With `resume_at`, the
+    schedule resumes by itself then (resume_due_pauses); pausing a paused schedule again moves that instant."""
     with transaction.atomic():
         now = now or db_now()
+        if resume_at is not None and resume_at <= now:
+            raise ScheduleInvalid({"resume_at": [f"Must be in the future (now is {now.isoformat()})."]})
         schedule = _lock_for_change(schedule, now)
         if schedule.state == ScheduleState.PAUSED:
+            if resume_at is not None and resume_at != schedule.resume_at:
+                schedule.resume_at = resume_at
+                Schedule.objects.filter(pk=schedule.pk).update(resume_at=resume_at)
             return schedule
         if schedule.state != ScheduleState.ACTIVE:
             raise StateConflict(f"Only an active schedule can be paused; this one is {schedule.state}.")
         schedule.state = ScheduleState.PAUSED
         schedule.next_run_at = None
+        schedule.resume_at = resume_at
         _bump(schedule, VersionChange.PAUSE, actor, now, note)
     logger.info("paused schedule %s", schedule.id, extra={"action": "pause_schedule"})
     return schedule
@@ -339,6 +353,7 @@ def resume_schedule(schedule: Schedule, *, actor: str, note: str = "", now: date
             return schedule
         if schedule.state != ScheduleState.PAUSED:
             raise StateConflict(f"Only a paused schedule can be resumed; this one is {schedule.state}.")
+        schedule.resume_at = None
         schedule.next_run_at = _next_fire_after_change(schedule.time_rule, now)
         schedule.state = _state_with_cursor(schedule, now)
         _bump(schedule, VersionChange.RESUME, actor, now, note)
@@ -353,6 +368,45 @@ def resume_schedule(schedule: Schedule, *, actor: str, note: str = "", now: date
     return schedule
 
 
+# Pauses ended per call of resume_due_pauses: the maintenance pass calls it every few seconds.
+RESUME_BATCH = 100
+AUTO_RESUME_ACTOR = "system:resume_at"
+
+
+def resume_due_pauses(*, now: datetime | None = None, limit: int = RESUME_BATCH) -> int:
+    """Resume the paused schedules whose resume_at has come, each as a resume would at that instant (its fires from
+    then on; none of the pause caught up), as a new version whose note says so. Returns how many it resumed.
+
+    The materializer's maintenance pass calls it. A schedule another transaction holds is left for the next pass
+    (SKIP LOCKED), so this never waits on a lock; one resumed or canceled meanwhile is passed over."""
+    now = now or db_now()
+    with transaction.atomic():
+        due = list(
+            Schedule.objects.select_for_update(skip_locked=True)
+            .filter(resume_at__lte=now, state=ScheduleState.PAUSED)
+            .order_by("resume_at")
+            .values_list("pk", "resume_at")[:limit]
+        )
+    resumed = 0
+    for pk, resume_at in due:
+        schedule = Schedule.objects.filter(pk=pk, state=ScheduleState.PAUSED, resume_at=resume_at).first()
+        if schedule is None:
+            continue
+        note = f"resumed by itself at its resume_at ({resume_at.astimezone(UTC).isoformat().replace('+00:00', 'Z')})"
+        # At resume_at itself, unless a version began after it (a change while paused, before this pass ran):
+        # versions follow one another in time.
+        current_from = ScheduleVersion.objects.filter(schedule_id=pk, valid_to__isnull=True).values_list(
+            "valid_from", flat=True
+        )
+        since = max([resume_at, *current_from])
+        try:
+            resume_schedule(schedule, actor=AUTO_RESUME_ACTOR, note=note, now=since)
+        except StateConflict:
+            continue
+        resumed += 1
+    return resumed
+
+
 def cancel_schedule(schedule: Schedule, *, actor: str, note: str = "", now: datetime | None = None) -> CancelResult:
     """Soft cancel: the row and its history stay; unclaimed work is withdrawn; claimed work is reported."""
     with transaction.atomic():
@@ -362,6 +416,7 @@ def cancel_schedule(schedule: Schedule, *, actor: str, note: str = "", now: date
         if schedule.state not in (ScheduleState.CANCELED, ScheduleState.COMPLETED):
             schedule.state = ScheduleState.CANCELED
             schedule.next_run_at = None
+            schedule.resume_at = None
             _bump(schedule, VersionChange.CANCEL, actor, now, note)
             logger.info("canceled schedule %s", schedule.id, extra={"action": "cancel_schedule"})
         in_flight = dispatch_services.in_flight_occurrences(schedule.id)

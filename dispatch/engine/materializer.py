@@ -18,7 +18,7 @@ import math
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -93,8 +93,12 @@ class Materializer:
         shards: int | None = None,
         threads: int | None = None,
         clock: Callable[[], datetime] | None = None,
+        duties: Sequence[Callable[[], object]] = (),
     ) -> None:
         self.name = name or default_process_name(ROLE)
+        # Periodic work of the layers above, run with the maintenance pass (the materialize command passes the
+        # control plane's resume of pauses whose resume_at has come): the engine calls it, never imports it.
+        self.duties = tuple(duties)
         self.batch_size = batch_size or settings.SCHEDULER_MATERIALIZE_BATCH
         self.horizon = timedelta(seconds=horizon_seconds or settings.SCHEDULER_HORIZON_SECONDS)
         self.lease_seconds = lease_seconds or settings.SCHEDULER_LEASE_SECONDS
@@ -207,6 +211,18 @@ class Materializer:
             # driven `now`: a test's future instant would reap leases that are still alive.
             reap_expired_leases()
             self.complete_fired_one_offs()
+            for duty in self.duties:
+                self._run_duty(duty)
+
+    @staticmethod
+    def _run_duty(duty: Callable[[], object]) -> None:
+        """One duty of the maintenance pass; its failure is logged and retried next pass, never the loop's end."""
+        try:
+            duty()
+        except DatabaseError:
+            raise  # the loop's outage handling owns lost connections
+        except Exception:
+            logger.exception("maintenance duty %s failed", getattr(duty, "__name__", duty), extra={"action": "duty"})
 
     def materialize_batch(self, now: datetime) -> int:
         """Plan and write one batch; returns the number of schedules processed."""

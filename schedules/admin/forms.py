@@ -173,6 +173,16 @@ class OperationForm(forms.Form):
     note = note_field()
 
 
+class PauseForm(OperationForm):
+    """A pause's confirmation: the note, and when the schedule resumes by itself (optional)."""
+
+    resume_at = InstantField(
+        required=False,
+        label="Resume at (UTC)",
+        help_text="Optional: the schedule resumes by itself then, as a new version. Empty: paused until resumed.",
+    )
+
+
 class BackfillForm(forms.Form):
     """A past range of one schedule to create the missing fires of (dispatch.backfill.backfill_schedule)."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -87,6 +87,8 @@ class RunStatus:
             if fire is None:
                 return "completed (no occurrence on record)"
             return f"fired — {FIRE_OUTCOME.get(fire.state, fire.state)}"
+        if schedule.state == ScheduleState.PAUSED and schedule.resume_at is not None:
+            return f"paused until {schedule.resume_at.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
         return schedule.get_state_display()
 
     def state_key(self, schedule: Schedule) -> str:

@@ -24,10 +24,10 @@ from django.utils.html import format_html
 from core.choices import ScheduleState
 from dispatch.services import BackfillRefused, ReconcileInputError, backfill_schedule
 from schedules.admin.formatting import format_utc
-from schedules.admin.forms import BackfillForm, OperationForm
+from schedules.admin.forms import BackfillForm, OperationForm, PauseForm
 from schedules.admin.preview import preview_json
 from schedules.api.serializers import utc_text
-from schedules.errors import QuotaExceeded, StateConflict
+from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
 from schedules.models import Schedule
 from schedules.services import CancelResult, cancel_schedule, pause_schedule, resume_schedule, trigger_schedule
 
@@ -100,14 +100,26 @@ class Outcome:
     in_flight: int = 0
 
 
-def perform(verb: str, schedule: Schedule, *, actor: str, note: str = "", trigger_key: str | None = None) -> Outcome:
-    """Run one operation through its service; a refusal (a canceled schedule, say) is an Outcome, not an error."""
+def perform(
+    verb: str,
+    schedule: Schedule,
+    *,
+    actor: str,
+    note: str = "",
+    trigger_key: str | None = None,
+    resume_at: datetime | None = None,
+) -> Outcome:
+    """Run one operation through its service; a refusal (a canceled schedule, say) is an Outcome, not an error. A
+    pause's `resume_at` in the past raises ScheduleInvalid (a form error)."""
     operation = OPERATIONS[verb]
     try:
         if verb == "trigger":
             occurrence_id = trigger_schedule(schedule, actor=actor, trigger_key=trigger_key)
             return Outcome(schedule, True, occurrence_id=occurrence_id)
-        result = operation.service(schedule, actor=actor, note=note)
+        if verb == "pause":
+            result = pause_schedule(schedule, actor=actor, note=note, resume_at=resume_at)
+        else:
+            result = operation.service(schedule, actor=actor, note=note)
     except (StateConflict, QuotaExceeded) as exc:
         return Outcome(schedule, False, skipped=exc.message)
     in_flight = 0
@@ -184,15 +196,27 @@ class ScheduleOperationsMixin:
         if isinstance(found, HttpResponse):
             return found
         schedule, operation = found, OPERATIONS[verb]
-        form = OperationForm(request.POST if request.method == "POST" else None)
+        form = (PauseForm if verb == "pause" else OperationForm)(request.POST if request.method == "POST" else None)
         if not operation.takes_note:
             del form.fields["note"]
         if request.method == "POST" and form.is_valid():
             note = form.cleaned_data.get("note", "")
             key = _trigger_key(request.POST.get("key", ""))
-            outcome = perform(verb, schedule, actor=operator_actor(request), note=note, trigger_key=key)
-            self._report(request, verb, outcome, note)
-            return HttpResponseRedirect(_change_url(schedule))
+            try:
+                outcome = perform(
+                    verb,
+                    schedule,
+                    actor=operator_actor(request),
+                    note=note,
+                    trigger_key=key,
+                    resume_at=form.cleaned_data.get("resume_at"),
+                )
+            except ScheduleInvalid as exc:
+                for field, field_errors in exc.errors.items():
+                    form.add_error(field if field in form.fields else None, field_errors)
+            else:
+                self._report(request, verb, outcome, note)
+                return HttpResponseRedirect(_change_url(schedule))
         return self._page(
             request,
             schedule,

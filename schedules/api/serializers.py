@@ -25,11 +25,14 @@ from schedules.services import MAX_PREVIEW_COUNT
 MAX_IDEMPOTENCY_KEY_LENGTH: int = Schedule._meta.get_field("idempotency_key").max_length or 0
 # Keys the server sets. A PATCH may send them back from a GET unchanged (ignored); a different value is a 400, not a
 # silent no-op: `{"state": "paused"}` answered 200 and bumped the version without pausing anything.
-READ_ONLY_KEYS = frozenset({"id", "state", "version", "next_run_at", "remaining_runs", "created_at", "updated_at"})
+READ_ONLY_KEYS = frozenset(
+    {"id", "state", "resume_at", "version", "next_run_at", "remaining_runs", "created_at", "updated_at"}
+)
 # Marks a schedule whose pending fire the queryset did not annotate (a detail view): looked up on demand.
 _NOT_LOADED = object()
 READ_ONLY_HINTS = {
     "state": "Read-only: change it with POST .../pause/, .../resume/ or .../cancel/.",
+    "resume_at": 'Read-only: set it with POST .../pause/ {"resume_at": ...}.',
 }
 # Instants accepted on input: the time rules' range (core.timerules), kept here under these names for the schema.
 
@@ -256,6 +259,19 @@ class PreviewInputSerializer(ScheduleInputSerializer):
         return {"definition": values, "after": after, "count": count}
 
 
+class PauseInputSerializer(serializers.Serializer):
+    """POST .../pause/: why (kept on the new version), and when to resume by itself."""
+
+    note = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")
+    resume_at = AwareDateTimeField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="When the schedule resumes by itself, as a resume would (fires of the pause are not caught up), "
+        "as a new version whose note says so. Must be in the future.",
+    )
+
+
 class PreviewQuerySerializer(serializers.Serializer):
     after = AwareDateTimeField(required=False)
     count = serializers.IntegerField(required=False, min_value=1, max_value=MAX_PREVIEW_COUNT, default=10)
@@ -266,6 +282,7 @@ class ScheduleSerializer(serializers.ModelSerializer):
     anchor_at = AwareDateTimeField(allow_null=True)
     start_at = AwareDateTimeField(allow_null=True)
     end_at = AwareDateTimeField(allow_null=True)
+    resume_at = AwareDateTimeField(allow_null=True)
     next_run_at = serializers.SerializerMethodField()
     remaining_runs = serializers.SerializerMethodField()
     created_at = AwareDateTimeField()
@@ -274,7 +291,7 @@ class ScheduleSerializer(serializers.ModelSerializer):
     class Meta:
         model = Schedule
         fields = [
-            *("id", *DEFINITION_FIELDS, "remaining_runs", "state", "version", "next_run_at"),
+            *("id", *DEFINITION_FIELDS, "remaining_runs", "state", "resume_at", "version", "next_run_at"),
             *("created_at", "updated_at"),
         ]
         read_only_fields = fields

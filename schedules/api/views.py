@@ -26,6 +26,7 @@ from schedules.api.serializers import (
     InFlightSerializer,
     OccurrenceIdSerializer,
     OccurrenceSerializer,
+    PauseInputSerializer,
     PreviewInputSerializer,
     PreviewQuerySerializer,
     ScheduleInputSerializer,
@@ -139,10 +140,17 @@ class ScheduleViewSet(
         schedule = services.update_schedule(schedule, body.validated_data, actor=actor_of(request))
         return Response(ScheduleSerializer(schedule).data)
 
-    @extend_schema(request=None, responses={200: ScheduleSerializer, **errors(404, 409)})
+    @extend_schema(request=PauseInputSerializer, responses={200: ScheduleSerializer, **errors(400, 404, 409)})
     @action(detail=True, methods=["post"])
     def pause(self, request: Request, pk: str | None = None) -> Response:
-        schedule = services.pause_schedule(self.get_object(), actor=actor_of(request))
+        body = PauseInputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        schedule = services.pause_schedule(
+            self.get_object(),
+            actor=actor_of(request),
+            note=body.validated_data["note"],
+            resume_at=body.validated_data["resume_at"],
+        )
         return Response(ScheduleSerializer(schedule).data)
 
     @extend_schema(request=None, responses={200: ScheduleSerializer, **errors(404, 409)})

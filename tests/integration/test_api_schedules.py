@@ -28,6 +28,7 @@ SCHEDULE_KEYS = {
     "end_at",
     "max_runs",
     "remaining_runs",
+    "resume_at",
     "lane",
     "flexible_window_seconds",
     "priority",

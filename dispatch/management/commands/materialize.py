@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dispatch.engine.materializer import Materializer
 from dispatch.errors import ShardCountMismatch
+from schedules.services import resume_due_pauses
 
 
 class Command(BaseCommand):
@@ -20,6 +21,9 @@ class Command(BaseCommand):
         if options["batch_size"] is not None and options["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1")
         try:
-            Materializer(options["name"], batch_size=options["batch_size"]).run(once=options["once"])
+            # The pauses whose resume_at has come end with each maintenance pass (the engine never imports the control
+            # plane: it is handed the duty).
+            materializer = Materializer(options["name"], batch_size=options["batch_size"], duties=[resume_due_pauses])
+            materializer.run(once=options["once"])
         except ShardCountMismatch as exc:
             raise CommandError(str(exc)) from None
