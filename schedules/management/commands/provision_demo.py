@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from core.clock import db_now
-from schedules.services import create_schedule
+from schedules.services import create_schedule, pause_schedule
 from tenants.services import provision_tenant
 
 DEMO_SLUG = "demo"
@@ -22,6 +22,8 @@ BUSY_DOMAIN = "analytics.localhost"
 BUSY_SCHEDULES = 120
 BUSY_QUOTAS = {"max_fires_per_second": 20, "max_running": 5, "fairness_weight": 1}
 OPERATOR_USERNAME = "operator"
+# The demo schedule that starts paused, with a note and the instant it resumes by itself.
+PAUSED_UNTIL = ("partner-export", "partner freeze during their migration, CHG-204", timedelta(days=1))
 
 
 def demo_schedules(now: Any) -> list[dict[str, Any]]:
@@ -92,6 +94,15 @@ def demo_schedules(now: Any) -> list[dict[str, Any]]:
             "handler": "noop",
         },
         {
+            # Paused over a freeze when first provisioned (see PAUSED_UNTIL): resumes by itself a day later.
+            "name": "partner-export",
+            "kind": "cron",
+            "cron": "0 */6 * * *",
+            "timezone": "Europe/Berlin",
+            "handler": "log",
+            "payload": {"partner": "acme-logistics"},
+        },
+        {
             "name": "welcome-email",
             "kind": "once",
             "run_at": (now + timedelta(minutes=2)).replace(microsecond=0),
@@ -114,7 +125,7 @@ class Command(BaseCommand):
         created = 0
         for body in demo_schedules(now):
             # The name is the idempotency key, so running the demo twice does not duplicate schedules.
-            _, was_created = create_schedule(
+            schedule, was_created = create_schedule(
                 tenant=demo.tenant,
                 data=body,
                 actor="operator:demo-setup",
@@ -122,6 +133,9 @@ class Command(BaseCommand):
                 request_fingerprint=f"demo:{body['name']}",
             )
             created += was_created
+            name, note, pause_for = PAUSED_UNTIL
+            if was_created and body["name"] == name:
+                pause_schedule(schedule, actor="operator:demo-setup", note=note, resume_at=now + pause_for)
         busy = provision_tenant(BUSY_SLUG, domain=BUSY_DOMAIN, name="Analytics Ltd.", **BUSY_QUOTAS)
         for n in range(BUSY_SCHEDULES):
             body = {
