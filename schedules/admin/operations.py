@@ -67,8 +67,9 @@ OPERATIONS = {
         button="Pause",
         past="paused",
         target_state=ScheduleState.PAUSED,
-        explain="No fire happens until it is resumed. Fires already due keep their slot; later unclaimed ones are "
-        "withdrawn; manual, backfilled and replayed occurrences still run.",
+        explain="No fire happens until it is resumed, by hand or by itself at the instant given below. Fires already "
+        "due keep their slot; later unclaimed ones are withdrawn; manual, backfilled and replayed occurrences still "
+        "run.",
         service=pause_schedule,
     ),
     "resume": Operation(
