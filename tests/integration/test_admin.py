@@ -35,18 +35,6 @@ NEW_YORK = ZoneInfo("America/New_York")
 
 
 @pytest.fixture
-def operator(db):
-    return get_user_model().objects.create_superuser("ops", "ops@example.com", "operator-password")
-
-
-@pytest.fixture
-def console(operator) -> Client:
-    client = Client(HTTP_HOST="localhost")
-    client.force_login(operator)
-    return client
-
-
-@pytest.fixture
 def make_schedule(tenant_a):
     def make(tenant=None, **fields) -> Schedule:
         data = {

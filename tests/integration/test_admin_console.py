@@ -11,7 +11,6 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth import get_user_model
 from django.contrib.messages import get_messages
 from django.db import connection
 from django.test import Client
@@ -29,18 +28,6 @@ SCHEDULES_URL = "/admin/schedules/schedule/"
 OCCURRENCES_URL = "/admin/dispatch/occurrence/"
 PREVIEW_URL = "/admin/schedules/schedule/preview/"
 NEW_YORK = ZoneInfo("America/New_York")
-
-
-@pytest.fixture
-def operator(db):
-    return get_user_model().objects.create_superuser("ops", "ops@example.com", "operator-password")
-
-
-@pytest.fixture
-def console(operator) -> Client:
-    client = Client(HTTP_HOST="localhost")
-    client.force_login(operator)
-    return client
 
 
 @pytest.fixture

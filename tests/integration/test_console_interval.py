@@ -8,7 +8,6 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import Client
 
 from core.clock import db_now
@@ -20,13 +19,6 @@ from tests.integration.support import form_data
 from tests.integration.test_admin_console import PREVIEW_URL, SCHEDULES_URL, change_url, preview
 
 ANCHOR = datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)
-
-
-@pytest.fixture
-def console(db) -> Client:
-    client = Client(HTTP_HOST="localhost")
-    client.force_login(get_user_model().objects.create_superuser("ops", "ops@example.com", "operator-password"))
-    return client
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.test import Client
 
 from dispatch import reconcile as reconcile_module
 from dispatch.models import Occurrence
@@ -178,13 +176,6 @@ def test_each_policy_materialized_through_a_clock_change_is_exactly_the_preview(
 
 
 # --- the console ---------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def console(db) -> Client:
-    client = Client(HTTP_HOST="localhost")
-    client.force_login(get_user_model().objects.create_superuser("ops", "ops@example.com", "operator-password"))
-    return client
 
 
 def test_the_change_form_offers_the_policy_and_saving_it_is_a_new_version(console, tenant_a, make_schedule):

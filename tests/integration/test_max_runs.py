@@ -7,8 +7,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.test import Client
 
 from dispatch import reconcile as reconcile_module
 from dispatch.models import Occurrence
@@ -155,13 +153,6 @@ def test_a_manual_trigger_takes_no_run(api_a):
 
     assert triggered.status_code == 202, triggered.content
     assert api_a.get(f"{SCHEDULES}{created['id']}/").json()["remaining_runs"] == 2
-
-
-@pytest.fixture
-def console(db) -> Client:
-    client = Client(HTTP_HOST="localhost")
-    client.force_login(get_user_model().objects.create_superuser("ops", "ops@example.com", "operator-password"))
-    return client
 
 
 def test_the_change_form_sets_a_limit_and_the_list_shows_the_runs_left(console, tenant_a, make_schedule):

@@ -7,8 +7,6 @@ import itertools
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.test import Client
 
 from core.clock import db_now
 from dispatch.engine.materializer import Materializer
@@ -133,13 +131,6 @@ def test_a_failing_duty_is_logged_and_the_maintenance_pass_goes_on(caplog):
     Materializer._run_duty(broken)
 
     assert "maintenance duty broken failed" in caplog.text
-
-
-@pytest.fixture
-def console(db) -> Client:
-    client = Client(HTTP_HOST="localhost")
-    client.force_login(get_user_model().objects.create_superuser("ops", "ops@example.com", "operator-password"))
-    return client
 
 
 def test_the_console_pauses_until_an_instant_and_the_list_says_so(console, tenant_a, make_schedule):

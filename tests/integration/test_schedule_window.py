@@ -7,8 +7,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.test import Client
 
 from core.clock import db_now
 from dispatch import reconcile as reconcile_module
@@ -142,13 +140,6 @@ def test_the_materializer_writes_exactly_the_window_and_the_schedule_completes_o
 
     assert Schedule.objects.get(pk=past.id).state == "completed"
     assert Schedule.objects.get(pk=ahead.id).state == "active", "end_at still ahead: not completed yet"
-
-
-@pytest.fixture
-def console(db) -> Client:
-    client = Client(HTTP_HOST="localhost")
-    client.force_login(get_user_model().objects.create_superuser("ops", "ops@example.com", "operator-password"))
-    return client
 
 
 def test_the_change_form_saves_a_window_as_a_new_version_and_the_list_reads_it(console, tenant_a, make_schedule):
