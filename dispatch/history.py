@@ -6,7 +6,6 @@ reconciler uses it as an independent second opinion, and backfill to recreate ex
 
 from __future__ import annotations
 
-import itertools
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -151,21 +150,17 @@ def expected_fires(span: VersionSpan, since: datetime, until: datetime) -> Itera
     if span.kind == "once":
         if span.run_at is None:
             raise ValueError("a one-off version without run_at")
-        if span.once_applies() and since <= span.run_at < end:
+        if span.once_applies() and since <= span.run_at < end and span.remaining_runs != 0:
             yield _fire(span, span.run_at)
         return
     rule = span.recurring_rule()
     if rule is None:
         raise ValueError(f"kind {span.kind!r} without its time fields has no fire times")
     if span.remaining_runs is not None:
-        # Under max_runs the version owes its first remaining_runs fires: counted from valid_from, so this walk is
-        # as long as those fires (at most remaining_runs), wherever `since` lies.
-        for fire in itertools.islice(rule.iter_after(span.valid_from), max(0, span.remaining_runs)):
-            if fire >= end:
-                return
-            if fire >= since:
-                yield _fire(span, fire)
-        return
+        last = _last_owed_fire(span, rule, end)
+        if last is None:
+            return
+        end = min(end, last + _ONE_MICROSECOND)
     # Fires are whole microseconds: "after since - 1 µs" is "at or after since".
     after = max(span.valid_from, since - _ONE_MICROSECOND)
     for fire in rule.iter_after(after):
@@ -179,16 +174,38 @@ def expects(span: VersionSpan, at: datetime) -> bool:
     if span.error or span.state != "active":
         return False
     if span.kind == "once":
-        return span.once_applies() and span.run_at == at
+        return span.once_applies() and span.run_at == at and span.remaining_runs != 0
     rule = span.recurring_rule()
     if rule is None:
         return False
     if at <= span.valid_from or (span.valid_to is not None and at >= span.valid_to):
         return False
     if span.remaining_runs is not None:
-        owed = itertools.islice(rule.iter_after(span.valid_from), max(0, span.remaining_runs))
-        return at in itertools.takewhile(lambda fire: fire <= at, owed)
+        last = _last_owed_fire(span, rule, at + _ONE_MICROSECOND)
+        if last is None or at > last:
+            return False
     return rule.next_after(at - _ONE_MICROSECOND) == at
+
+
+def _last_owed_fire(span: VersionSpan, rule: TimeRule, end: datetime) -> datetime | None:
+    """Under max_runs, the last fire version `span` owes: its remaining_runs-th after valid_from; None when it owes
+    none. An interval's by arithmetic; a cron rule's by walking its fires, no further than `end` (the answer is then
+    `end` itself: the limit does not bind before it), so the walk is bounded by the fires a reconcile window holds."""
+    runs = span.remaining_runs or 0
+    first = rule.next_after(span.valid_from) if runs > 0 else None
+    if first is None:
+        return None
+    if rule.kind == "interval" and rule.every_seconds:
+        try:
+            return first + timedelta(seconds=rule.every_seconds * (runs - 1))
+        except OverflowError:
+            return end
+    fire: datetime | None = first
+    for _ in range(runs - 1):
+        if fire is None or fire >= end:
+            return end
+        fire = rule.next_after(fire)
+    return fire if fire is not None else end
 
 
 def _instant(text: str | None, name: str, errors: list[str]) -> datetime | None:

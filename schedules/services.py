@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 
 from core.choices import Kind, ScheduleState
 from core.clock import db_now
@@ -145,14 +145,23 @@ WITHDRAWN_BY: dict[str, str] = {
 }
 
 
-def _bump(schedule: Schedule, change: str, actor: str, now: datetime, note: str = "") -> None:
+def _bump(
+    schedule: Schedule,
+    change: str,
+    actor: str,
+    now: datetime,
+    note: str = "",
+    limit_change: tuple[int | None, int | None] | None = None,
+) -> None:
     """Save a new version and withdraw what older versions left unclaimed (docs/ARCHITECTURE.md rule 9).
 
     Backfilled, replayed and manually triggered occurrences (forced) survive an update or pause, which they
     predate by design; a cancel withdraws them too.
 
-    Under max_runs, each withdrawn fire gives its run back (it will not happen), and a schedule with none left stops
-    here: its cursor is emptied and the maintenance pass completes it once its last occurrence has ended."""
+    Under max_runs, each withdrawn fire gives its run back (it will not happen); then a changed limit (`limit_change`,
+    old and new) moves the runs left; a schedule with none left stops here: its cursor is emptied and the
+    maintenance pass completes it once its last occurrence has ended. (In that order: a fire written under no limit
+    took no run, and one written under the old limit gives its run back before the new limit counts.)"""
     schedule.version += 1
     withdrawn = dispatch_services.invalidate_unclaimed_occurrences(
         schedule.id,
@@ -167,8 +176,12 @@ def _bump(schedule: Schedule, change: str, actor: str, now: datetime, note: str 
     if schedule.remaining_runs is not None and change != VersionChange.CANCEL:
         # Only unforced occurrences were withdrawn (the materializer's fires): manual triggers never took a run.
         schedule.remaining_runs += withdrawn
-        if schedule.remaining_runs <= 0 and schedule.state == ScheduleState.ACTIVE:
-            schedule.remaining_runs, schedule.next_run_at = 0, None
+    if limit_change is not None:
+        schedule.remaining_runs = _runs_left_after_limit_change(schedule.remaining_runs, *limit_change)
+    if schedule.remaining_runs is not None and schedule.remaining_runs <= 0:
+        schedule.remaining_runs = 0
+        if schedule.state == ScheduleState.ACTIVE:
+            schedule.next_run_at = None
     schedule.save()
     _record_version(schedule, change, actor, now, note)
 
@@ -268,10 +281,11 @@ def update_schedule(
         definition = anchored_at_now(clean_definition(merged), now)
         for field, value in definition.items():
             setattr(schedule, field, value)
-        schedule.remaining_runs = _runs_left_after_limit_change(
-            schedule.remaining_runs, stored_max_runs, schedule.max_runs
-        )
-        if schedule.state in (ScheduleState.ACTIVE, ScheduleState.COMPLETED):
+        limit_change = (stored_max_runs, schedule.max_runs)
+        # A schedule completed with no run left stays completed (nothing of it is pending, so nothing is given back).
+        runs_left = _runs_left_after_limit_change(schedule.remaining_runs, *limit_change)
+        used_up = schedule.state == ScheduleState.COMPLETED and runs_left is not None and runs_left <= 0
+        if schedule.state in (ScheduleState.ACTIVE, ScheduleState.COMPLETED) and not used_up:
             was_counted = schedule.state == ScheduleState.ACTIVE
             # A zone or expression change affects only fires after now, under the new version. A one-off given a
             # run_at that has already passed keeps it as its cursor, as at create: the misfire policy decides.
@@ -284,18 +298,19 @@ def update_schedule(
             if schedule.state == ScheduleState.ACTIVE and not was_counted:
                 # A completed one-off given a new run_at counts against the quota again.
                 _claim_quota_slot(schedule.tenant_id)
-        _bump(schedule, VersionChange.UPDATE, actor, now)
+        _bump(schedule, VersionChange.UPDATE, actor, now, limit_change=limit_change)
     logger.info("updated schedule %s to v%d", schedule.id, schedule.version, extra={"action": "update_schedule"})
     return schedule
 
 
 def _runs_left_after_limit_change(remaining: int | None, old_limit: int | None, new_limit: int | None) -> int | None:
-    """A raised or lowered max_runs moves the runs left by as much; a new limit counts from the change; none, none."""
+    """A raised or lowered max_runs moves the runs left by as much (below 0 is none left); a new limit counts from
+    the change; no limit, none."""
     if new_limit is None:
         return None
     if old_limit is None or remaining is None:
         return new_limit
-    return max(0, remaining + new_limit - old_limit)
+    return remaining + new_limit - old_limit
 
 
 def _state_with_cursor(schedule: Schedule, now: datetime) -> str:
@@ -377,34 +392,41 @@ def resume_due_pauses(*, now: datetime | None = None, limit: int = RESUME_BATCH)
     """Resume the paused schedules whose resume_at has come, each as a resume would at that instant (its fires from
     then on; none of the pause caught up), as a new version whose note says so. Returns how many it resumed.
 
-    The materializer's maintenance pass calls it. A schedule another transaction holds is left for the next pass
-    (SKIP LOCKED), so this never waits on a lock; one resumed or canceled meanwhile is passed over."""
+    The materializer's maintenance pass calls it, in every materializer process. Each schedule is taken in a
+    transaction of its own, under its row lock (SKIP LOCKED: one another transaction holds is left for the next
+    pass, so this never waits), and checked again there; one whose rule cannot be read is logged and passed over,
+    never blocking the others."""
     now = now or db_now()
-    with transaction.atomic():
-        due = list(
-            Schedule.objects.select_for_update(skip_locked=True)
-            .filter(resume_at__lte=now, state=ScheduleState.PAUSED)
-            .order_by("resume_at")
-            .values_list("pk", "resume_at")[:limit]
-        )
+    due = Schedule.objects.filter(resume_at__lte=now, state=ScheduleState.PAUSED).order_by("resume_at")
     resumed = 0
-    for pk, resume_at in due:
-        schedule = Schedule.objects.filter(pk=pk, state=ScheduleState.PAUSED, resume_at=resume_at).first()
-        if schedule is None:
-            continue
-        note = f"resumed by itself at its resume_at ({resume_at.astimezone(UTC).isoformat().replace('+00:00', 'Z')})"
+    for pk in list(due.values_list("pk", flat=True)[:limit]):
+        try:
+            resumed += _resume_at_its_time(pk, now)
+        except DatabaseError:
+            raise  # the loop's outage handling owns a lost connection
+        except Exception:
+            logger.exception("could not resume schedule %s at its resume_at", pk, extra={"action": "resume_at"})
+    return resumed
+
+
+def _resume_at_its_time(pk: uuid.UUID, now: datetime) -> bool:
+    with transaction.atomic():
+        schedule = (
+            Schedule.objects.select_for_update(skip_locked=True)
+            .filter(pk=pk, state=ScheduleState.PAUSED, resume_at__lte=now)
+            .first()
+        )
+        if schedule is None or schedule.resume_at is None:
+            return False  # resumed, changed or held elsewhere meanwhile
+        resume_at = schedule.resume_at
         # At resume_at itself, unless a version began after it (a change while paused, before this pass ran):
-        # versions follow one another in time.
+        # versions follow one another in time. Read under the row lock, which every change takes first.
         current_from = ScheduleVersion.objects.filter(schedule_id=pk, valid_to__isnull=True).values_list(
             "valid_from", flat=True
         )
-        since = max([resume_at, *current_from])
-        try:
-            resume_schedule(schedule, actor=AUTO_RESUME_ACTOR, note=note, now=since)
-        except StateConflict:
-            continue
-        resumed += 1
-    return resumed
+        note = f"resumed by itself at its resume_at ({resume_at.astimezone(UTC).isoformat().replace('+00:00', 'Z')})"
+        resume_schedule(schedule, actor=AUTO_RESUME_ACTOR, note=note, now=max([resume_at, *current_from]))
+    return True
 
 
 def cancel_schedule(schedule: Schedule, *, actor: str, note: str = "", now: datetime | None = None) -> CancelResult:

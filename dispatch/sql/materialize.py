@@ -119,9 +119,9 @@ WITH ended AS (
     -- The "ended" test comes before the LIMIT: one-offs still running must not fill every pass's page.
     SELECT c.schedule_id, c.version, c.remaining_runs FROM schedules_schedulecursor AS c
     WHERE c.next_run_at IS NULL
-      -- A rule that ran out before its end_at (no fire left in the window) completes once end_at has passed; one
-      -- that used up its max_runs at once.
-      AND (c.end_at IS NULL OR c.end_at <= clock_timestamp() OR c.remaining_runs = 0)
+      -- A rule that ran out before its end_at (no fire left in the window) completes once end_at has passed; a
+      -- one-off whose fire has ended, or a rule that used up its max_runs, at once.
+      AND (c.kind = 'once' OR c.end_at IS NULL OR c.end_at <= clock_timestamp() OR c.remaining_runs = 0)
       AND NOT EXISTS (
         SELECT 1 FROM dispatch_occurrence AS o
         WHERE o.schedule_id = c.schedule_id AND o.schedule_version = c.version

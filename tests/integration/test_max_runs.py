@@ -184,3 +184,43 @@ def test_a_real_materializer_process_writes_only_the_runs_left(tenant_a, api_a):
     assert [at for at, _ in rows_of(created["id"])] == [first + timedelta(seconds=2 * k) for k in range(3)]
     shown = api_a.get(f"{SCHEDULES}{created['id']}/").json()
     assert shown["remaining_runs"] == 0
+
+
+def test_a_limit_set_later_counts_from_the_change_not_from_the_fires_written_ahead_without_one(tenant_a, make_schedule):
+    schedule = make_schedule(tenant_a.tenant, now=T0, kind="interval", every_seconds=10, anchor_at=T0)
+    materializer = materializer_holding_every_shard("max-runs-later")
+    run_materializer(materializer, T0 + timedelta(seconds=5))  # a horizon of fires written ahead, no limit
+    assert len(rows_of(schedule.id)) > 3
+
+    changed = update_schedule(schedule, {"max_runs": 3}, actor="test", now=T0 + timedelta(seconds=5))
+
+    assert changed.remaining_runs_now == 3
+    run_materializer(materializer, *(T0 + timedelta(seconds=10 * step + 5) for step in range(10)))
+    happened = [at for at, state in rows_of(schedule.id) if state != "canceled"]
+    assert happened == [T0 + timedelta(seconds=s) for s in (10, 20, 30)]
+
+
+def test_a_lowered_limit_counts_the_fires_it_withdraws_back_first(tenant_a, make_schedule):
+    schedule = make_schedule(tenant_a.tenant, now=T0, cron="* * * * *", max_runs=10)
+    materializer = materializer_holding_every_shard("max-runs-lower")
+    run_materializer(materializer, T0 + 1.5 * MINUTE)  # one come, three written ahead: six left
+
+    changed = update_schedule(schedule, {"max_runs": 4}, actor="test", now=T0 + 1.5 * MINUTE)
+
+    assert changed.remaining_runs_now == 3, "10 - 4 written + 3 given back, lowered by 6"
+    run_materializer(materializer, *(T0 + MINUTE * step for step in range(2, 12)))
+    assert len([at for at, state in rows_of(schedule.id) if state != "canceled"]) == 4
+
+
+def test_a_schedule_that_used_up_its_runs_stays_completed_when_changed(api_a, tenant_a, make_schedule):
+    schedule = make_schedule(tenant_a.tenant, now=T0, cron="* * * * *", max_runs=1)
+    materializer = materializer_holding_every_shard("max-runs-used-up")
+    run_materializer(materializer, T0 + MINUTE)
+    Occurrence.objects.filter(schedule_id=schedule.id).update(state="succeeded", finished_at=T0 + MINUTE)
+    materializer.complete_fired_one_offs()
+
+    changed = update_schedule(Schedule.objects.get(pk=schedule.id), {"name": "renamed"}, actor="t", now=T0 + 2 * MINUTE)
+
+    assert (changed.state, changed.remaining_runs_now, changed.next_run_at) == ("completed", 0, None)
+    raised = update_schedule(changed, {"max_runs": 3}, actor="t", now=T0 + 3 * MINUTE)
+    assert (raised.state, raised.remaining_runs_now) == ("active", 2), "a raised limit revives it"

@@ -12,7 +12,7 @@ from core.clock import db_now
 from dispatch.engine.materializer import Materializer
 from dispatch.models import Occurrence
 from schedules.models import Schedule, ScheduleVersion
-from schedules.services import AUTO_RESUME_ACTOR, pause_schedule, resume_due_pauses, update_schedule
+from schedules.services import AUTO_RESUME_ACTOR, pause_schedule, resume_due_pauses, resume_schedule, update_schedule
 from tests.integration.processes import run_manage
 from tests.integration.test_admin_console import SCHEDULES_URL, change_url
 from tests.integration.test_api_schedules import SCHEDULES
@@ -157,3 +157,26 @@ def test_the_console_refuses_a_resume_at_in_the_past_on_the_form(console, tenant
     assert "Must be in the future" in response.content.decode()
     schedule.refresh_from_db()
     assert schedule.state == "active"
+
+
+def test_a_pause_ended_by_hand_and_paused_again_without_an_end_is_not_resumed_by_a_late_pass(tenant_a, make_schedule):
+    schedule = make_schedule(tenant_a.tenant, now=T0)
+    pause_schedule(schedule, actor="test", now=T0, resume_at=T0 + timedelta(hours=1))
+    resumed = resume_schedule(Schedule.objects.get(pk=schedule.id), actor="user", now=T0 + timedelta(minutes=30))
+    pause_schedule(resumed, actor="user", now=T0 + timedelta(minutes=40))
+
+    assert resume_due_pauses(now=T0 + timedelta(hours=2)) == 0
+    assert Schedule.objects.get(pk=schedule.id).state == "paused"
+
+
+def test_a_pause_whose_rule_cannot_be_read_is_logged_and_the_others_resume(tenant_a, make_schedule, caplog):
+    broken, fine = (make_schedule(tenant_a.tenant, now=T0, name=name) for name in ("broken", "fine"))
+    for schedule in (broken, fine):
+        pause_schedule(schedule, actor="test", now=T0, resume_at=T0 + timedelta(hours=1))
+    # A zone the time rules no longer know (a tzdata update dropped it), stored before.
+    Schedule.objects.filter(pk=broken.id).update(timezone="Mars/Olympus_Mons")
+
+    assert resume_due_pauses(now=T0 + timedelta(hours=2)) == 1
+
+    assert (Schedule.objects.get(pk=fine.id).state, Schedule.objects.get(pk=broken.id).state) == ("active", "paused")
+    assert f"could not resume schedule {broken.id}" in caplog.text

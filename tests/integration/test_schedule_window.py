@@ -152,3 +152,17 @@ def test_the_change_form_saves_a_window_as_a_new_version_and_the_list_reads_it(c
     schedule.refresh_from_db()
     assert (schedule.start_at, schedule.end_at, schedule.version) == (z(2030, 1, 1, 9), z(2030, 6, 30), 2)
     assert "from 2030-01-01 09:00 UTC until 2030-06-30 00:00 UTC" in console.get(SCHEDULES_URL).content.decode()
+
+
+def test_a_one_off_with_an_end_at_far_ahead_completes_once_its_fire_has_ended(tenant_a, make_schedule):
+    run_at = db_now() - timedelta(minutes=5)
+    schedule = make_schedule(
+        tenant_a.tenant, now=run_at - timedelta(minutes=1), kind="once", run_at=run_at, end_at=z(2100, 1, 1)
+    )
+    materializer = materializer_holding_every_shard("window-once")
+    run_materializer(materializer, run_at)
+    Occurrence.objects.filter(schedule_id=schedule.id).update(state="succeeded", finished_at=run_at)
+
+    materializer.complete_fired_one_offs()
+
+    assert Schedule.objects.get(pk=schedule.id).state == "completed"
