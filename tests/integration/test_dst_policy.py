@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from dispatch import reconcile as reconcile_module
+from dispatch.backfill import backfill_schedule
 from dispatch.models import Occurrence
 from dispatch.reconcile import reconcile
 from schedules.models import ScheduleVersion
@@ -213,3 +214,30 @@ def test_the_live_preview_notes_the_shifted_fire_beside_it(console):
         "(the clocks jump from 02:00 to 03:00; dst_gap 'shift').",
     )
     assert body["notes"][0]["kind"] == "shifted"
+
+
+def test_backfill_recreates_both_instants_of_a_repeated_time_and_nothing_outside_the_window(tenant_a, make_schedule):
+    """A fall-back night in New York lost (no materializer ran): backfill creates the fires reconcile expects under
+    the schedule's policy and window, both instants of 01:30 and nothing after end_at, each once."""
+    since, until = z(2026, 10, 31, 12), z(2026, 11, 3)
+    schedule = make_schedule(
+        tenant_a.tenant,
+        now=since,
+        cron="30 1 * * *",
+        timezone=NEW_YORK,
+        dst_repeat="both",
+        end_at=z(2026, 11, 2, 12),
+        max_runs=10,
+    )
+    window = {"since": since, "until": until, "tenant_id": tenant_a.tenant.id, "now": until}
+    assert [gap.scheduled_for for gap in reconcile(**window).gaps] == [
+        z(2026, 11, 1, 5, 30),
+        z(2026, 11, 1, 6, 30),
+        z(2026, 11, 2, 6, 30),
+    ]
+
+    result = backfill_schedule(schedule.id, since=since, until=until, now=until)
+
+    assert (result.expected, result.created) == (3, 3)
+    assert reconcile(**window).ok
+    assert backfill_schedule(schedule.id, since=since, until=until, now=until).created == 0
