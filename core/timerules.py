@@ -16,7 +16,7 @@ import functools
 import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import MAXYEAR, UTC, datetime, time, timedelta
+from datetime import MAXYEAR, UTC, date, datetime, time, timedelta
 
 from croniter import CroniterBadDateError, croniter
 
@@ -31,6 +31,7 @@ __all__ = [
     "EARLIEST_INSTANT",
     "EVERY_SECONDS_RANGE",
     "LATEST_INSTANT",
+    "Exclusions",
     "TimeRule",
     "TimeRuleError",
     "cron_walls_in",
@@ -306,6 +307,34 @@ def _next_interval_fire(anchor: datetime, every_seconds: int, after: datetime) -
 
 
 @dataclass(frozen=True)
+class Exclusions:
+    """Fires that do not exist (a tenant's holiday calendars, merged): those whose local date in the rule's zone is
+    one of `dates`, or whose instant lies in one of `ranges`, each [start, end). Hashable, so rules that share it
+    share the caches."""
+
+    dates: frozenset[date] = frozenset()
+    ranges: tuple[tuple[datetime, datetime], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.dates or self.ranges)
+
+    def skip_to(self, fire: datetime, zone: zoneinfo.ZoneInfo) -> datetime | None:
+        """None when `fire` is not excluded; otherwise an instant before the next fire that could exist (the end of
+        its range, or the start of the next local day), from which the walk goes on."""
+        for start, end in self.ranges:
+            if start <= fire < end:
+                return end - _ONE_MICROSECOND
+        if self.dates:
+            local = fire.astimezone(zone)
+            if local.date() in self.dates:
+                # fold=0 at the next midnight: where a clock change skips midnight, an instant still on this day;
+                # the walk then meets this day's later fires again and skips them one by one.
+                midnight = datetime.combine(local.date() + timedelta(days=1), time(0), tzinfo=zone)
+                return max(fire, midnight.astimezone(UTC) - _ONE_MICROSECOND)
+        return None
+
+
+@dataclass(frozen=True)
 class TimeRule:
     """When a schedule fires: a cron rhythm in a zone, a single instant, or a fixed interval from an anchor."""
 
@@ -321,6 +350,8 @@ class TimeRule:
     # Every kind: no fire before start_at or after end_at (both inclusive; None is unbounded).
     start_at: datetime | None = None
     end_at: datetime | None = None
+    # Every kind: fires that do not exist (calendars); None is none.
+    exclusions: Exclusions | None = None
 
     def validate(self) -> None:
         """Raise TimeRuleError naming the API field at fault; `once` and `interval` need a valid zone too (the
@@ -361,6 +392,10 @@ class TimeRule:
         if self.start_at is not None and after < self.start_at:
             after = _as_utc(self.start_at, "start_at") - _ONE_MICROSECOND
         fire = self._next_in_rhythm(after)
+        if self.exclusions:
+            zone = parse_timezone(self.timezone)
+            while fire is not None and (resume := self.exclusions.skip_to(fire, zone)) is not None:
+                fire = self._next_in_rhythm(resume)
         if fire is not None and self.end_at is not None and fire > self.end_at:
             return None
         return fire
