@@ -16,11 +16,12 @@ import functools
 import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import MAXYEAR, UTC, date, datetime, time, timedelta
+from datetime import MAXYEAR, UTC, datetime, time, timedelta
 
 from croniter import CroniterBadDateError, croniter
 
 from core.cron_syntax import CronField, CronSpec, TimeRuleError, normalize_cron, parse_cron
+from core.exclusions import Exclusions
 from core.zone_changes import ClockChange, year_changes
 
 # TimeRuleError is defined with the syntax checks but stays part of this API: TimeRule raises it, and the
@@ -303,34 +304,6 @@ def _next_interval_fire(anchor: datetime, every_seconds: int, after: datetime) -
     try:
         return anchor + timedelta(microseconds=steps * every)
     except OverflowError:
-        return None
-
-
-@dataclass(frozen=True)
-class Exclusions:
-    """Fires that do not exist (a tenant's holiday calendars, merged): those whose local date in the rule's zone is
-    one of `dates`, or whose instant lies in one of `ranges`, each [start, end). Hashable, so rules that share it
-    share the caches."""
-
-    dates: frozenset[date] = frozenset()
-    ranges: tuple[tuple[datetime, datetime], ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.dates or self.ranges)
-
-    def skip_to(self, fire: datetime, zone: zoneinfo.ZoneInfo) -> datetime | None:
-        """None when `fire` is not excluded; otherwise an instant before the next fire that could exist (the end of
-        its range, or the start of the next local day), from which the walk goes on."""
-        for start, end in self.ranges:
-            if start <= fire < end:
-                return end - _ONE_MICROSECOND
-        if self.dates:
-            local = fire.astimezone(zone)
-            if local.date() in self.dates:
-                # fold=0 at the next midnight: where a clock change skips midnight, an instant still on this day;
-                # the walk then meets this day's later fires again and skips them one by one.
-                midnight = datetime.combine(local.date() + timedelta(days=1), time(0), tzinfo=zone)
-                return max(fire, midnight.astimezone(UTC) - _ONE_MICROSECOND)
         return None
 
 
