@@ -56,10 +56,6 @@ def clock_changes(zone: zoneinfo.ZoneInfo, since: datetime, until: datetime) -> 
     return zone_clock_changes(zone, since, min(until.astimezone(UTC), since.astimezone(UTC) + MAX_SCAN))
 
 
-def _affected(spec: CronSpec, change: ClockChange) -> list[datetime]:
-    return cron_walls_in(spec, *change.wall_range())
-
-
 def _times(walls: list[datetime]) -> str:
     texts = [f"{wall:%H:%M}" for wall in walls]
     if len(texts) == 1:
@@ -146,7 +142,7 @@ def _note(
 ) -> DstNote | None:
     """The note for one change, when it touches the rule's wall times within (after, until], in the words of the
     rule's DST policy (dst_gap, dst_repeat; None is the default)."""
-    walls = _affected(spec, change)
+    walls = cron_walls_in(spec, *change.wall_range())
     if not walls:
         return None
     gap, repeat = policy[0] or "skip", policy[1] or "first"

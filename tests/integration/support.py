@@ -3,12 +3,14 @@ change form filled in."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import uuid
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 
 from dispatch.engine.materializer import Materializer
-from dispatch.models import ProcessHeartbeat, ShardLease
+from dispatch.models import Occurrence, ProcessHeartbeat, ShardLease
+from dispatch.reconcile import reconcile
 from schedules.models import Schedule
 
 # The horizon the timelines of these tests are drawn for (a fire materialized 90 s ahead, say), whatever the
@@ -69,3 +71,24 @@ def form_data(schedule: Schedule, **overrides) -> dict:
     }
     data.update(overrides)
     return data
+
+
+def materialize_as_previewed(
+    name: str, previews: dict[uuid.UUID, list[datetime]], *, since: datetime, until: datetime, tenant_id: int
+) -> dict[uuid.UUID, set[str]]:
+    """Drive a materializer holding every shard to a minute before each previewed fire, then to `until`, and check
+    that each schedule's rows are exactly its previewed fires and that reconcile expects exactly those. A fire the
+    materializer found that the preview did not list would be written too (missed, late), and a listed one it skipped
+    would be absent. Returns each schedule's row states, for the caller's own check."""
+    materializer = materializer_holding_every_shard(name)
+    instants = sorted({fire - timedelta(minutes=1) for fires in previews.values() for fire in fires})
+    run_materializer(materializer, *instants, until)
+    states = {}
+    for schedule_id, fires in previews.items():
+        rows = Occurrence.objects.filter(schedule_id=schedule_id, scheduled_for__lt=until, manual=False)
+        assert list(rows.order_by("scheduled_for").values_list("scheduled_for", flat=True)) == fires, schedule_id
+        states[schedule_id] = set(rows.values_list("state", flat=True))
+    report = reconcile(since=since, until=until, tenant_id=tenant_id, now=until)
+    assert report.ok, report.as_dict(gap_limit=5)
+    assert report.expected == sum(len(fires) for fires in previews.values())
+    return states
