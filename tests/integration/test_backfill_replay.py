@@ -16,7 +16,6 @@ from django.db import connection
 from core.clock import db_now
 from dispatch import backfill as backfill_module
 from dispatch import partitions
-from dispatch import reconcile as reconcile_module
 from dispatch.engine.materializer import Materializer
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OccurrenceState, OutboxMessage
@@ -31,11 +30,8 @@ LATER = datetime(2026, 8, 1, tzinfo=UTC)
 WINDOW = ("--since", "2026-06-01T12:00:00Z", "--until", "2026-06-01T18:00:00Z")
 
 
-@pytest.fixture(autouse=True)
-def _gaps_only(monkeypatch):
-    """These histories were materialized and never run by a worker: every row would be stuck. The tests here are
-    about gaps; stuck occurrences have tests of their own (test_stuck.py)."""
-    monkeypatch.setattr(reconcile_module, "DEFAULT_STUCK_AFTER_SECONDS", 10**9)
+# Materialized and never run by a worker, every row would be stuck: these tests are about gaps.
+pytestmark = pytest.mark.usefixtures("gaps_only")
 
 
 @pytest.fixture

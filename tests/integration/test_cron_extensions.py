@@ -10,7 +10,6 @@ import pytest
 
 from core.dst import dst_notes
 from core.timerules import TimeRule
-from dispatch import reconcile as reconcile_module
 from schedules.cron_text import describe_cron
 from tests.integration.support import materialize_as_previewed
 from tests.integration.test_api_schedules import SCHEDULES
@@ -22,10 +21,8 @@ def z(*args: int) -> datetime:
     return datetime(*args, tzinfo=UTC)
 
 
-@pytest.fixture(autouse=True)
-def _gaps_only(monkeypatch):
-    """Materialized and never run by a worker, every row would be stuck: these tests are about gaps."""
-    monkeypatch.setattr(reconcile_module, "DEFAULT_STUCK_AFTER_SECONDS", 10**9)
+# Materialized and never run by a worker, every row would be stuck: these tests are about gaps.
+pytestmark = pytest.mark.usefixtures("gaps_only")
 
 
 def preview(api, body: dict, *, after: datetime, count: int) -> list[datetime]:

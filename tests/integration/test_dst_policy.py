@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dispatch import reconcile as reconcile_module
 from dispatch.backfill import backfill_schedule
 from dispatch.reconcile import reconcile
 from schedules.models import ScheduleVersion
@@ -24,10 +23,8 @@ def z(*args: int) -> datetime:
     return datetime(*args, tzinfo=UTC)
 
 
-@pytest.fixture(autouse=True)
-def _gaps_only(monkeypatch):
-    """Materialized and never run by a worker, every row would be stuck: these tests are about gaps."""
-    monkeypatch.setattr(reconcile_module, "DEFAULT_STUCK_AFTER_SECONDS", 10**9)
+# Materialized and never run by a worker, every row would be stuck: these tests are about gaps.
+pytestmark = pytest.mark.usefixtures("gaps_only")
 
 
 def body(cron: str, zone: str = NEW_YORK, **policy) -> dict:

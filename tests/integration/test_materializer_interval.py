@@ -10,7 +10,6 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.conf import settings
 
-from dispatch import reconcile as reconcile_module
 from dispatch.backfill import backfill_schedule
 from dispatch.identity import occurrence_id_for
 from dispatch.models import Occurrence, OccurrenceState
@@ -29,10 +28,8 @@ def z(*args: int) -> datetime:
     return datetime(*args, tzinfo=UTC)
 
 
-@pytest.fixture(autouse=True)
-def _gaps_only(monkeypatch):
-    """Materialized and never run by a worker, every row would be stuck: these tests are about gaps."""
-    monkeypatch.setattr(reconcile_module, "DEFAULT_STUCK_AFTER_SECONDS", 10**9)
+# Materialized and never run by a worker, every row would be stuck: these tests are about gaps.
+pytestmark = pytest.mark.usefixtures("gaps_only")
 
 
 def every(start: datetime, end: datetime, step: timedelta) -> list[datetime]:

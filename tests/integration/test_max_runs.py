@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dispatch import reconcile as reconcile_module
 from dispatch.models import Occurrence
 from dispatch.reconcile import reconcile
 from schedules.models import Schedule
@@ -27,10 +26,8 @@ T0 = datetime(2026, 6, 1, 12, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
 
 
-@pytest.fixture(autouse=True)
-def _gaps_only(monkeypatch):
-    """Materialized and never run by a worker, every row would be stuck: these tests are about gaps."""
-    monkeypatch.setattr(reconcile_module, "DEFAULT_STUCK_AFTER_SECONDS", 10**9)
+# Materialized and never run by a worker, every row would be stuck: these tests are about gaps.
+pytestmark = pytest.mark.usefixtures("gaps_only")
 
 
 def every_minute(**fields) -> dict:

@@ -31,11 +31,8 @@ LATER = datetime(2026, 8, 1, tzinfo=UTC)
 NEW_YORK = ZoneInfo("America/New_York")
 
 
-@pytest.fixture(autouse=True)
-def _gaps_only(monkeypatch):
-    """These histories were materialized and never run by a worker: every row would be stuck. The tests here are
-    about gaps; stuck occurrences have tests of their own (test_stuck.py)."""
-    monkeypatch.setattr(reconcile_module, "DEFAULT_STUCK_AFTER_SECONDS", 10**9)
+# Materialized and never run by a worker, every row would be stuck: these tests are about gaps.
+pytestmark = pytest.mark.usefixtures("gaps_only")
 
 
 @pytest.fixture

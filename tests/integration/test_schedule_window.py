@@ -9,7 +9,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from core.clock import db_now
-from dispatch import reconcile as reconcile_module
 from dispatch.models import Occurrence
 from dispatch.reconcile import reconcile
 from schedules.models import Schedule
@@ -22,10 +21,8 @@ def z(*args: int) -> datetime:
     return datetime(*args, tzinfo=UTC)
 
 
-@pytest.fixture(autouse=True)
-def _gaps_only(monkeypatch):
-    """Materialized and never run by a worker, every row would be stuck: these tests are about gaps."""
-    monkeypatch.setattr(reconcile_module, "DEFAULT_STUCK_AFTER_SECONDS", 10**9)
+# Materialized and never run by a worker, every row would be stuck: these tests are about gaps.
+pytestmark = pytest.mark.usefixtures("gaps_only")
 
 
 def hourly(**window) -> dict:
