@@ -21,7 +21,7 @@ from datetime import MAXYEAR, UTC, datetime, time, timedelta
 from croniter import CroniterBadDateError, croniter
 
 from core.cron_syntax import CronField, CronSpec, TimeRuleError, normalize_cron, parse_cron
-from core.exclusions import Exclusions
+from core.exclusions import ExclusionHistory, Exclusions, ExclusionsLike
 from core.zone_changes import ClockChange, year_changes
 
 # TimeRuleError is defined with the syntax checks but stays part of this API: TimeRule raises it, and the
@@ -32,6 +32,7 @@ __all__ = [
     "EARLIEST_INSTANT",
     "EVERY_SECONDS_RANGE",
     "LATEST_INSTANT",
+    "ExclusionHistory",
     "Exclusions",
     "TimeRule",
     "TimeRuleError",
@@ -324,7 +325,7 @@ class TimeRule:
     start_at: datetime | None = None
     end_at: datetime | None = None
     # Every kind: fires that do not exist (calendars); None is none.
-    exclusions: Exclusions | None = None
+    exclusions: ExclusionsLike | None = None
 
     def validate(self) -> None:
         """Raise TimeRuleError naming the API field at fault; `once` and `interval` need a valid zone too (the
@@ -373,9 +374,14 @@ class TimeRule:
             return None
         return fire
 
-    def in_window(self, instant: datetime) -> bool:
-        """Whether `instant` lies in [start_at, end_at] (a one-off's run_at outside it has no fire)."""
-        return (self.start_at is None or instant >= self.start_at) and (self.end_at is None or instant <= self.end_at)
+    def allows(self, instant: datetime) -> bool:
+        """Whether a fire at `instant` may exist: in [start_at, end_at] and not excluded (a one-off's run_at that is
+        not allowed has no fire)."""
+        if (self.start_at is not None and instant < self.start_at) or (
+            self.end_at is not None and instant > self.end_at
+        ):
+            return False
+        return not self.exclusions or self.exclusions.skip_to(instant, parse_timezone(self.timezone)) is None
 
     def _next_in_rhythm(self, after: datetime) -> datetime | None:
         """next_after without the window: the kind's own rule."""

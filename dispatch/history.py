@@ -6,15 +6,19 @@ reconciler uses it as an independent second opinion, and backfill to recreate ex
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 
+from core.exclusions import ExclusionHistory, Exclusions
 from core.timerules import TimeRule
+from dispatch.calendars import stored_exclusions
 from dispatch.identity import occurrence_id_for
 from dispatch.sql import control_plane as control_plane_sql
 
@@ -50,6 +54,10 @@ class VersionSpan:
     end_at: datetime | None = None
     # Under max_runs, the runs left when the version began: it owes at most that many fires (None: no limit).
     remaining_runs: int | None = None
+    # The tenant's calendars it names (absent from older snapshots: none), and what they may have excluded over
+    # time (version_spans loads it; calendar_history).
+    exclude_calendars: tuple[str, ...] = ()
+    exclusions: ExclusionHistory | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> VersionSpan:
@@ -61,6 +69,7 @@ class VersionSpan:
         priority = _integer(row["priority"], "priority", errors) or 0
         every_seconds = _integer(row.get("every_seconds"), "every_seconds", errors)
         remaining_runs = _integer(row.get("remaining_runs"), "remaining_runs", errors)
+        calendars = _names(row.get("exclude_calendars"), "exclude_calendars", errors)
         return cls(
             schedule_id=row["schedule_id"],
             tenant_id=row["tenant_id"],
@@ -83,6 +92,7 @@ class VersionSpan:
             start_at=start_at,
             end_at=end_at,
             remaining_runs=remaining_runs,
+            exclude_calendars=tuple(calendars),
         )
 
     @property
@@ -98,6 +108,7 @@ class VersionSpan:
             dst_repeat=self.dst_repeat,
             start_at=self.start_at,
             end_at=self.end_at,
+            exclusions=self.exclusions,
         )
 
     def recurring_rule(self) -> TimeRule | None:
@@ -112,11 +123,7 @@ class VersionSpan:
     def once_applies(self) -> bool:
         """A one-off's run_at belongs to this version if the version could still reach it: the creating version
         keeps a run_at that is already past (the materializer records it), later versions only a future one."""
-        if self.run_at is None:
-            return False
-        if (self.start_at is not None and self.run_at < self.start_at) or (
-            self.end_at is not None and self.run_at > self.end_at
-        ):
+        if self.run_at is None or not self.rule.allows(self.run_at):
             return False
         if self.change != "create" and self.run_at <= self.valid_from:
             return False
@@ -218,6 +225,18 @@ def _instant(text: str | None, name: str, errors: list[str]) -> datetime | None:
         return None
 
 
+def _names(text: str | None, name: str, errors: list[str]) -> list[str]:
+    """A JSON list of names (the snapshot's text of it), [] for none."""
+    try:
+        names = json.loads(text) if text else []
+    except ValueError:
+        names = None
+    if names is None or not isinstance(names, list) or not all(isinstance(item, str) for item in names):
+        errors.append(f"{name} {text!r} is not a list of names")
+        return []
+    return names
+
+
 def _integer(text: str | None, name: str, errors: list[str]) -> int | None:
     if text is None or text == "":
         return None
@@ -241,14 +260,64 @@ def _fire(span: VersionSpan, at: datetime) -> ExpectedFire:
 
 
 def version_spans(schedule_ids: Iterable[uuid.UUID], since: datetime, until: datetime) -> list[VersionSpan]:
-    """The versions of these schedules that overlap [since, until), by schedule then version."""
+    """The versions of these schedules that overlap [since, until), by schedule then version, each with what its
+    calendars may have excluded in the window."""
     with connection.cursor() as cursor:
         cursor.execute(
             control_plane_sql.VERSION_SPANS, {"schedule_ids": list(schedule_ids), "since": since, "until": until}
         )
         names = [column.name for column in cursor.description]
         rows = cursor.fetchall()
-    return [VersionSpan.from_row(dict(zip(names, row, strict=True))) for row in rows]
+    spans = [VersionSpan.from_row(dict(zip(names, row, strict=True))) for row in rows]
+    named = {(span.tenant_id, name) for span in spans for name in span.exclude_calendars}
+    if not named:
+        return spans
+    history = calendar_history(named, since, until)
+    return [
+        replace(
+            span,
+            exclusions=ExclusionHistory(
+                tuple(entry for name in span.exclude_calendars for entry in history.get((span.tenant_id, name), ()))
+            ),
+        )
+        if span.exclude_calendars
+        else span
+        for span in spans
+    ]
+
+
+# How far behind its fires the materializer may write one and still read calendars then (a batch in progress, a
+# lease hand-over): a calendar content that began this long after a fire may still have decided it.
+CALENDAR_LATE_SECONDS = 120
+
+
+def calendar_history(
+    named: set[tuple[int, str]], since: datetime, until: datetime
+) -> dict[tuple[int, str], list[tuple[datetime, datetime | None, Exclusions]]]:
+    """For each (tenant_id, calendar name), its contents that may have decided fires in [since, until), each with
+    the fires it applies to: a content in force over [valid_from, valid_to) decided the fires the materializer wrote
+    meanwhile, which lie in [valid_from - CALENDAR_LATE_SECONDS, valid_to + horizon) (ExclusionHistory)."""
+    horizon = timedelta(seconds=settings.SCHEDULER_HORIZON_SECONDS)
+    late = timedelta(seconds=CALENDAR_LATE_SECONDS)
+    pairs = sorted(named)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            control_plane_sql.CALENDAR_HISTORY,
+            {
+                "tenant_ids": [tenant_id for tenant_id, _ in pairs],
+                "names": [name for _, name in pairs],
+                "since": since - horizon,
+                "until": until + late,
+            },
+        )
+        rows = cursor.fetchall()
+    history: dict[tuple[int, str], list[tuple[datetime, datetime | None, Exclusions]]] = {}
+    for tenant_id, name, dates, ranges, valid_from, valid_to in rows:
+        applies_until = None if valid_to is None else valid_to + horizon
+        history.setdefault((tenant_id, name), []).append(
+            (valid_from - late, applies_until, stored_exclusions(dates, ranges))
+        )
+    return history
 
 
 def schedule_batches(

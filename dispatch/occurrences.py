@@ -121,6 +121,7 @@ def materialize_owed_fires(schedule, *, now: datetime) -> OwedFires:
         next_run_at=schedule.next_run_at,
         catchup_per_minute=schedule.tenant.max_catchup_per_minute,
         remaining_runs=schedule.remaining_runs_now,
+        exclusions=schedule.time_rule.exclusions,
     )
     plans: list[Plan] = []
     planned = 0
@@ -181,7 +182,7 @@ def record_missed_fire(schedule, *, at: datetime, now: datetime, reason: str) ->
         return False
     missed = PlannedOccurrence(occurrence_id_for(schedule.id, schedule.version, at), at, at, MISSED, reason)
     # Through the materializer's writer too: one path writes occurrences (an existing row is left as it is).
-    plan = Plan(due_schedule_of(vars(schedule), next_run_at=at, catchup_per_minute=0), [missed])
+    plan = Plan(due_schedule_of(vars(schedule), next_run_at=at, catchup_per_minute=0, exclusions=None), [missed])
     with transaction.atomic(), PreparedCursor() as cursor:
         write_occurrences(cursor, [plan], now)
     return True

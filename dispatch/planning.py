@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from core.choices import Kind, Lane, MisfirePolicy
+from core.exclusions import ExclusionsLike
 from core.timerules import TimeRule
 from dispatch.identity import name_prefix, name_suffix, occurrence_id_of
 from dispatch.models import OccurrenceState
@@ -60,6 +61,9 @@ class DueSchedule(NamedTuple):
     end_at: datetime | None = None
     # Fires left to write under max_runs (None: no limit). Not part of the walk: each schedule's plan is cut to it.
     remaining_runs: int | None = None
+    # Every kind: what its calendars exclude, as they are now (None: none). The scan's row holds the calendars'
+    # names here; the materializer puts their Exclusions in their place (dispatch/calendars.py).
+    exclusions: ExclusionsLike | None = None
 
     @property
     def rule(self) -> TimeRule:
@@ -74,6 +78,7 @@ class DueSchedule(NamedTuple):
             self.dst_repeat,
             self.start_at,
             self.end_at,
+            self.exclusions,
         )
 
 
@@ -107,6 +112,7 @@ def late_one_off_fires(definition: Mapping[str, Any], rule: TimeRule, *, now: da
         start_at=rule.start_at,
         end_at=rule.end_at,
         remaining_runs=None,
+        exclusions=rule.exclusions,
     )
     return bool(plan_schedule(due, now=now, horizon=timedelta(0)).to_enqueue)
 
@@ -123,6 +129,7 @@ def _time_rule(
     dst_repeat: str | None,
     start_at: datetime | None,
     end_at: datetime | None,
+    exclusions: ExclusionsLike | None,
 ) -> TimeRule:
     """One TimeRule per distinct rule: a burst's schedules share a few rhythms."""
     return TimeRule(
@@ -136,6 +143,7 @@ def _time_rule(
         dst_repeat=dst_repeat,
         start_at=start_at,
         end_at=end_at,
+        exclusions=exclusions,
     )
 
 
@@ -266,6 +274,7 @@ WALK_KEY_FIELDS = (
     "dst_repeat",
     "start_at",
     "end_at",
+    "exclusions",
     "next_run_at",
     "misfire_policy",
     "max_lateness_seconds",
@@ -304,6 +313,10 @@ def walk_fires(schedule: DueSchedule, *, now: datetime, horizon: timedelta) -> W
     cap = fire_cap(schedule)
     fires: list[datetime] = []
     cursor: datetime | None = schedule.next_run_at
+    if cursor is not None and schedule.exclusions and not rule.allows(cursor):
+        # A calendar changed since the cursor was set: its fire no longer exists (a change applies to the fires not
+        # yet materialized). The walk starts at the first fire that does.
+        cursor = None if schedule.kind == Kind.ONCE else rule.next_after(cursor)
     while cursor is not None and cursor <= horizon_end and len(fires) < cap:
         fires.append(cursor)
         # A one-off's cursor is its only fire; cron and interval rules give the next (an interval's by division).

@@ -11,8 +11,10 @@ from django.conf import settings
 
 from core.choices import DstGap, DstRepeat, Kind, Lane, MisfirePolicy, OverlapPolicy
 from core.cron_syntax import TimeRuleError, normalize_cron
+from core.exclusions import Exclusions
 from core.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, TimeRule, parse_timezone
 from dispatch.services import is_registered, registered_names
+from schedules.calendar_names import MAX_CALENDARS_PER_SCHEDULE, NAME_PATTERN, NAME_RULE
 from schedules.errors import ScheduleInvalid
 from schedules.json_input import storable_json
 from schedules.models import DEFINITION_FIELDS
@@ -36,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "start_at": None,
     "end_at": None,
     "max_runs": None,
+    "exclude_calendars": None,
     "lane": Lane.STRICT,
     "flexible_window_seconds": 300,
     "priority": 0,
@@ -136,6 +139,8 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
     ):
         errors.setdefault("max_runs", []).append(f"Must be an integer from 1 to {MAX_RUNS} (or null: no limit).")
 
+    _check_calendar_names(definition, errors)
+
     handler = definition.get("handler")
     if handler and not is_registered(handler):
         errors.setdefault("handler", []).append(
@@ -188,6 +193,25 @@ def _check_window(definition: dict[str, Any], errors: dict[str, list[str]]) -> N
         errors.setdefault("end_at", []).append("Must not be before start_at.")
 
 
+def _check_calendar_names(definition: dict[str, Any], errors: dict[str, list[str]]) -> None:
+    """exclude_calendars: null or a list of calendar names, kept sorted and unique (an empty list is null). Whether
+    each calendar exists is the tenant's to say (schedules.calendars.check_exclude_calendars)."""
+    names = definition.get("exclude_calendars")
+    if names in (None, []):
+        definition["exclude_calendars"] = None
+        return
+    if (
+        not isinstance(names, list | tuple)
+        or not all(isinstance(name, str) and NAME_PATTERN.fullmatch(name) for name in names)
+        or len(set(names)) > MAX_CALENDARS_PER_SCHEDULE
+    ):
+        errors.setdefault("exclude_calendars", []).append(
+            f"A list of at most {MAX_CALENDARS_PER_SCHEDULE} calendar names ({NAME_RULE}), or null."
+        )
+        return
+    definition["exclude_calendars"] = sorted(set(names))
+
+
 def anchored_at_now(definition: dict[str, Any], now: datetime) -> dict[str, Any]:
     """An interval definition without anchor_at, anchored at `now` truncated to the second: the instant it
     is created, or changed to an interval, or previewed. Its fires then fall on whole seconds. Other kinds as given.
@@ -197,8 +221,8 @@ def anchored_at_now(definition: dict[str, Any], now: datetime) -> dict[str, Any]
     return {**definition, "anchor_at": now.astimezone(UTC).replace(microsecond=0)}
 
 
-def time_rule_of(definition: dict[str, Any]) -> TimeRule:
-    """The time rule of a cleaned definition (an interval's anchor already set)."""
+def time_rule_of(definition: dict[str, Any], exclusions: Exclusions | None = None) -> TimeRule:
+    """The time rule of a cleaned definition (an interval's anchor already set), with its calendars' exclusions."""
     return TimeRule(
         kind=definition["kind"],
         timezone=definition["timezone"],
@@ -210,4 +234,5 @@ def time_rule_of(definition: dict[str, Any]) -> TimeRule:
         dst_repeat=definition["dst_repeat"],
         start_at=definition["start_at"],
         end_at=definition["end_at"],
+        exclusions=exclusions,
     )

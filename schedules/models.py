@@ -7,10 +7,12 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
 from core.choices import DstGap, DstRepeat, Kind, Lane, MisfirePolicy, OverlapPolicy, ScheduleState
+from core.exclusions import Exclusions
 from core.shards import shard_for
 from core.timerules import TimeRule
 
@@ -28,6 +30,7 @@ DEFINITION_FIELDS = (
     "start_at",
     "end_at",
     "max_runs",
+    "exclude_calendars",
     "lane",
     "flexible_window_seconds",
     "priority",
@@ -52,6 +55,7 @@ PLANNING_FIELDS = (
     "dst_repeat",
     "start_at",
     "end_at",
+    "exclude_calendars",
     "lane",
     "flexible_window_seconds",
     "priority",
@@ -109,6 +113,8 @@ class Schedule(models.Model):
     # while it is not (remaining_runs_now reads the right one).
     max_runs = models.PositiveIntegerField(null=True, blank=True)
     remaining_runs = models.IntegerField(null=True, blank=True, editable=False)
+    # Every kind: the names of the tenant's calendars whose dates and ranges have no fire (Calendar); None is none.
+    exclude_calendars = ArrayField(models.CharField(max_length=63), null=True, blank=True)
     lane = models.CharField(max_length=8, choices=Lane.choices, default=Lane.STRICT)
     flexible_window_seconds = models.PositiveIntegerField(default=300)
     priority = models.SmallIntegerField(default=0)
@@ -221,6 +227,7 @@ class Schedule(models.Model):
             dst_repeat=self.dst_repeat,
             start_at=self.start_at,
             end_at=self.end_at,
+            exclusions=Calendar.objects.exclusions(self.tenant_id, self.exclude_calendars),
         )
 
     def definition(self) -> dict:
@@ -268,6 +275,7 @@ class ScheduleCursor(models.Model):
     # Fires still to be written under max_runs (None: no limit). The materializer takes one per fire it writes, the
     # control plane sets it at every version (never copied by a plain save: the materializer may have moved it).
     remaining_runs = models.IntegerField(null=True, blank=True)
+    exclude_calendars = ArrayField(models.CharField(max_length=63), null=True, blank=True)
     lane = models.CharField(max_length=8, choices=Lane.choices)
     flexible_window_seconds = models.PositiveIntegerField()
     priority = models.SmallIntegerField()
@@ -365,3 +373,59 @@ class ScheduleVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.schedule_id} v{self.version} ({self.change})"
+
+
+class CalendarQuerySet(models.QuerySet):
+    def exclusions(self, tenant_id: int, names: list[str] | None) -> Exclusions | None:
+        """The merged exclusions of the tenant's calendars `names` as they are now (a name without a calendar
+        excludes nothing: one in use cannot be deleted); None when no name is given."""
+        if not names:
+            return None
+        calendars = self.filter(tenant_id=tenant_id, name__in=names)
+        return Exclusions.merged(Exclusions.stored(c.dates, c.ranges) for c in calendars)
+
+
+class Calendar(models.Model):
+    """A tenant's named set of dates and ranges on which the schedules that name it do not fire (holidays,
+    maintenance windows). A date is excluded in each schedule's own zone; a range [start, end) is in instants.
+    Each change is also kept as a CalendarRevision: reconcile and backfill judge each fire by what the calendar
+    said when the fire was materialized."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="calendars")
+    name = models.CharField(max_length=63)
+    # ISO dates ("2026-12-25"), sorted; ranges {"start", "end"} as ISO instants in UTC, sorted.
+    dates = models.JSONField(default=list, blank=True)
+    ranges = models.JSONField(default=list, blank=True)
+    description = models.CharField(max_length=500, blank=True, default="")
+    revision = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = CalendarQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["tenant", "name"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="calendar_unique_name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class CalendarRevision(models.Model):
+    """One content a calendar had, from valid_from to valid_to (None: still in force). Kept after the calendar is
+    deleted, by tenant and name: older schedule versions name it, and their fires are judged by it."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=63)
+    revision = models.PositiveIntegerField()
+    dates = models.JSONField()
+    ranges = models.JSONField()
+    valid_from = models.DateTimeField()
+    valid_to = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant", "name", "valid_from"]
+        indexes = [models.Index(fields=["tenant", "name", "valid_from"], name="calendar_revision_by_name")]
+
+    def __str__(self) -> str:
+        return f"{self.name} r{self.revision}"

@@ -22,9 +22,10 @@ from core.clock import db_now
 from core.shards import shard_for
 from core.timerules import TimeRule
 from dispatch import services as dispatch_services
+from schedules.calendars import check_exclude_calendars
 from schedules.definitions import TIME_FIELDS, anchored_at_now, clean_definition, time_rule_of
 from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
-from schedules.models import DEFINITION_FIELDS, Schedule, ScheduleVersion, VersionChange
+from schedules.models import DEFINITION_FIELDS, Calendar, Schedule, ScheduleVersion, VersionChange
 from tenants.models import Tenant
 from tenants.services import schedules_held
 
@@ -59,7 +60,13 @@ def preview_fires(rule: TimeRule, *, after: datetime, count: int) -> list[dateti
 
 
 def preview_definition(
-    definition: dict[str, Any], *, after: datetime, count: int, now: datetime, runs_left: int | None = None
+    definition: dict[str, Any],
+    *,
+    after: datetime,
+    count: int,
+    now: datetime,
+    runs_left: int | None = None,
+    tenant_id: int | None = None,
 ) -> list[datetime]:
     """What a schedule with this definition would fire from `after` on, if created (or left active) now.
 
@@ -68,7 +75,8 @@ def preview_definition(
     once (dispatch.planning, the materializer's own rule) whether it fires now or is recorded missed. The preview
     shows the fire when it would run, so preview and create agree.
 
-    Under max_runs only `runs_left` fires are listed (an unsaved definition: max_runs, counted from `after`).
+    Under max_runs only `runs_left` fires are listed (an unsaved definition: max_runs, counted from `after`). The
+    calendars of `exclude_calendars` are the tenant's, as they are now (ScheduleInvalid naming one it lacks).
     """
     if runs_left is None:
         runs_left = definition.get("max_runs")
@@ -76,13 +84,24 @@ def preview_definition(
         count = min(count, runs_left)
         if count <= 0:
             return []
-    rule = time_rule_of(anchored_at_now(definition, now))
+    rule = definition_rule(definition, now=now, tenant_id=tenant_id)
     run_at = rule.run_at
     if rule.kind == Kind.ONCE and run_at is not None and run_at <= min(after, now):
-        if not rule.in_window(run_at):
+        if not rule.allows(run_at):
             return []
         return [run_at] if dispatch_services.late_one_off_fires(definition, rule, now=now) else []
     return preview_fires(rule, after=after, count=count)
+
+
+def definition_rule(definition: dict[str, Any], *, now: datetime, tenant_id: int | None) -> TimeRule:
+    """The time rule of an unsaved definition (an interval anchored at `now`), its calendars read from the tenant."""
+    names = definition.get("exclude_calendars")
+    if names and tenant_id is None:
+        raise ScheduleInvalid({"exclude_calendars": ["Calendars are a tenant's: preview with the tenant."]})
+    if names and tenant_id is not None:
+        check_exclude_calendars(tenant_id, names, lock=False)
+    exclusions = Calendar.objects.exclusions(tenant_id, names) if tenant_id is not None else None
+    return time_rule_of(anchored_at_now(definition, now), exclusions)
 
 
 def runs_left_after(schedule: Schedule, after: datetime) -> int | None:
@@ -98,7 +117,7 @@ def _first_fire(rule: TimeRule, now: datetime) -> datetime | None:
     """The cursor for a new or resumed schedule. A one-off keeps its run_at even when it is already past, so
     the materializer applies the misfire policy to it rather than the fire vanishing unrecorded."""
     if rule.kind == Kind.ONCE:
-        return rule.run_at if rule.run_at is not None and rule.in_window(rule.run_at) else None
+        return rule.run_at if rule.run_at is not None and rule.allows(rule.run_at) else None
     return rule.next_after(now)
 
 
@@ -207,6 +226,7 @@ def create_schedule(
         with transaction.atomic():
             now = now or db_now()
             locked_tenant = _claim_quota_slot(tenant.pk)
+            check_exclude_calendars(tenant.pk, definition["exclude_calendars"])
             schedule = Schedule(tenant=locked_tenant, **anchored_at_now(definition, now))
             schedule.shard = shard_for(schedule.id)
             schedule.next_run_at = _first_fire(schedule.time_rule, now)
@@ -279,6 +299,7 @@ def update_schedule(
                 if field not in changes:
                     merged[field] = None
         definition = anchored_at_now(clean_definition(merged), now)
+        check_exclude_calendars(schedule.tenant_id, definition["exclude_calendars"])
         for field, value in definition.items():
             setattr(schedule, field, value)
         limit_change = (stored_max_runs, schedule.max_runs)
@@ -325,7 +346,7 @@ def _state_with_cursor(schedule: Schedule, now: datetime) -> str:
 
 def _next_fire_after_change(rule: TimeRule, now: datetime) -> datetime | None:
     if rule.kind == Kind.ONCE:
-        return rule.run_at if rule.run_at and rule.run_at > now and rule.in_window(rule.run_at) else None
+        return rule.run_at if rule.run_at and rule.run_at > now and rule.allows(rule.run_at) else None
     return rule.next_after(now)
 
 
@@ -373,7 +394,7 @@ def resume_schedule(schedule: Schedule, *, actor: str, note: str = "", now: date
         schedule.state = _state_with_cursor(schedule, now)
         _bump(schedule, VersionChange.RESUME, actor, now, note)
         run_at = schedule.run_at
-        if schedule.kind == Kind.ONCE and run_at is not None and run_at <= now and schedule.time_rule.in_window(run_at):
+        if schedule.kind == Kind.ONCE and run_at is not None and run_at <= now and schedule.time_rule.allows(run_at):
             # Fires during a pause are not caught up (docs/API.md, "Schedules"), but a one-off's only fire is
             # recorded, never lost.
             dispatch_services.record_missed_fire(

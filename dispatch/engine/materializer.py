@@ -26,7 +26,9 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
 from core.clock import db_now
+from core.exclusions import Exclusions
 from dispatch import counters
+from dispatch.calendars import Named, batch_exclusions
 from dispatch.engine import loop
 from dispatch.engine.faults import crash_point
 from dispatch.engine.leases import reap_expired_leases
@@ -55,6 +57,15 @@ MAX_FIRES_PER_BATCH = 20_000
 SHARD_COLUMN = -3
 ROW_ADDRESS_COLUMN = -2
 ID_TEXT_COLUMN = -1
+
+
+_CALENDARS_COLUMN = DueSchedule._fields.index("exclusions")
+_TENANT_COLUMN = DueSchedule._fields.index("tenant_id")
+
+
+def _calendars_named(rows: list[tuple]) -> set[Named]:
+    """(tenant_id, calendar names) of the scan's rows that name calendars."""
+    return {(row[_TENANT_COLUMN], tuple(row[_CALENDARS_COLUMN])) for row in rows if row[_CALENDARS_COLUMN]}
 
 
 # A shard's share of a batch is at least this many cursors: with a share of one or two, every row the scan returned
@@ -295,7 +306,7 @@ class Materializer:
             rows = self._confirm_leases(cursor, rows, leases)
             if not rows:
                 return BatchWritten(0, more_due=full)
-            plans = self._plan(rows, now)
+            plans = self._plan(rows, now, batch_exclusions(cursor, _calendars_named(rows)))
             # Kept late fires (after an outage) are released on their tenant's one catch-up budget.
             pace_planned(cursor, [(p.schedule, p.occurrences) for p in plans if p.catch_up], now=now)
             crash_point("materializer.before_insert")
@@ -353,15 +364,19 @@ class Materializer:
         )
         return [row for row in rows if row[SHARD_COLUMN] in confirmed]
 
-    def _plan(self, rows: list[tuple], now: datetime) -> list[Plan]:
+    def _plan(self, rows: list[tuple], now: datetime, exclusions: dict[Named, Exclusions]) -> list[Plan]:
         """Plan due schedules in scan order while a worst-case chunk of the next one still fits the bound, so a
-        batch never plans more than MAX_FIRES_PER_BATCH. The first is always planned: a batch makes progress."""
+        batch never plans more than MAX_FIRES_PER_BATCH. The first is always planned: a batch makes progress.
+        `exclusions`: what the calendars named by the rows exclude (batch_exclusions)."""
         plans: list[Plan] = []
         planned = 0
         # A burst's schedules share a few rhythms and cursors: each distinct walk is made once per batch.
         walks: dict[tuple, Walk] = {}
         for row in rows:
             schedule = DueSchedule._make(row[:SHARD_COLUMN])
+            if schedule.exclusions is not None:
+                named = (schedule.tenant_id, tuple(row[_CALENDARS_COLUMN]))
+                schedule = schedule._replace(exclusions=exclusions.get(named))
             key = walk_key(schedule)
             walk = walks.get(key)
             if walk is None:

@@ -19,11 +19,23 @@ SELECT schedule_id, tenant_id, version, change, valid_from, valid_to,
        definition ->> 'anchor_at' AS anchor_at, definition ->> 'timezone' AS timezone, definition ->> 'lane' AS lane,
        definition ->> 'priority' AS priority, definition ->> 'dst_gap' AS dst_gap,
        definition ->> 'dst_repeat' AS dst_repeat, definition ->> 'start_at' AS start_at,
-       definition ->> 'end_at' AS end_at, definition ->> 'remaining_runs' AS remaining_runs
+       definition ->> 'end_at' AS end_at, definition ->> 'remaining_runs' AS remaining_runs,
+       definition ->> 'exclude_calendars' AS exclude_calendars
 FROM schedules_scheduleversion
 WHERE schedule_id = ANY(%(schedule_ids)s::uuid[])
   AND valid_from < %(until)s AND (valid_to IS NULL OR valid_to > %(since)s)
 ORDER BY schedule_id, version
+"""
+
+# The contents the named calendars had over a window (their revisions, kept after a calendar is deleted): what
+# reconcile and backfill judge a calendar-excluded fire by (dispatch/history.py calendar_history).
+CALENDAR_HISTORY = """
+SELECT rev.tenant_id, rev.name, rev.dates::text, rev.ranges::text, rev.valid_from, rev.valid_to
+FROM schedules_calendarrevision AS rev
+JOIN unnest(%(tenant_ids)s::bigint[], %(names)s::text[]) AS named(tenant_id, name)
+  ON rev.tenant_id = named.tenant_id AND rev.name = named.name
+WHERE rev.valid_from < %(until)s AND (rev.valid_to IS NULL OR rev.valid_to > %(since)s)
+ORDER BY rev.tenant_id, rev.name, rev.valid_from
 """
 
 # One page of the ids of schedules with a version overlapping [since, until), after `after` (keyset pagination, so

@@ -42,14 +42,14 @@ SCAN_DUE_SCHEDULES = """
 SELECT c.schedule_id, c.tenant_id, c.kind, c.cron, c.run_at, c.timezone, c.version, c.next_run_at, c.lane,
        c.flexible_window_seconds, c.priority, c.misfire_policy, c.max_lateness_seconds, c.catchup_limit,
        (SELECT t.max_catchup_per_minute FROM tenants_tenant AS t WHERE t.id = c.tenant_id), c.every_seconds,
-       c.anchor_at, c.dst_gap, c.dst_repeat, c.start_at, c.end_at, c.remaining_runs, c.shard, c.ctid::text,
-       c.schedule_id::text
+       c.anchor_at, c.dst_gap, c.dst_repeat, c.start_at, c.end_at, c.remaining_runs, c.exclude_calendars, c.shard,
+       c.ctid::text, c.schedule_id::text
 FROM unnest(%(shards)s::int[]) AS mine(shard)
 CROSS JOIN LATERAL (
     SELECT due.schedule_id, due.tenant_id, due.kind, due.cron, due.run_at, due.timezone, due.version,
            due.next_run_at, due.lane, due.flexible_window_seconds, due.priority, due.misfire_policy,
            due.max_lateness_seconds, due.catchup_limit, due.every_seconds, due.anchor_at, due.dst_gap,
-           due.dst_repeat, due.start_at, due.end_at, due.remaining_runs, due.shard, due.ctid
+           due.dst_repeat, due.start_at, due.end_at, due.remaining_runs, due.exclude_calendars, due.shard, due.ctid
     FROM schedules_schedulecursor AS due
     WHERE due.shard = mine.shard AND due.next_run_at IS NOT NULL AND due.next_run_at <= %(horizon_end)s
     ORDER BY due.next_run_at, due.tenant_id
@@ -57,6 +57,21 @@ CROSS JOIN LATERAL (
     FOR UPDATE SKIP LOCKED
 ) AS c
 LIMIT %(limit)s
+"""
+
+# The calendars a batch's schedules name (few batches name any): their revisions first, so a calendar's dates and
+# ranges (up to thousands) are read again only when it has changed or is new (dispatch/calendars.py keeps them parsed).
+CALENDAR_REVISIONS = """
+SELECT cal.tenant_id, cal.name, cal.id, cal.revision
+FROM schedules_calendar AS cal
+JOIN unnest(%(tenant_ids)s::bigint[], %(names)s::text[]) AS named(tenant_id, name)
+  ON cal.tenant_id = named.tenant_id AND cal.name = named.name
+"""
+CALENDAR_CONTENTS = """
+SELECT cal.tenant_id, cal.name, cal.id, cal.revision, cal.dates::text, cal.ranges::text
+FROM schedules_calendar AS cal
+JOIN unnest(%(tenant_ids)s::bigint[], %(names)s::text[]) AS named(tenant_id, name)
+  ON cal.tenant_id = named.tenant_id AND cal.name = named.name
 """
 
 # The occurrences of a batch, streamed with COPY: half the cost of INSERT ... SELECT FROM unnest(...) per row

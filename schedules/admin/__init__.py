@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-# Django's autodiscovery imports only this package: importing the module registers ScheduleAdmin.
-from schedules.admin import schedule  # noqa: F401
+# Django's autodiscovery imports only this package: importing the modules registers ScheduleAdmin, CalendarAdmin.
+from schedules.admin import calendar, schedule  # noqa: F401
 
 admin.site.site_header = "Scheduler operator console"
 admin.site.site_title = "Scheduler operator console"

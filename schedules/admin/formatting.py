@@ -57,14 +57,22 @@ def describe_schedule(schedule: Schedule) -> str:
     if schedule.kind == Kind.INTERVAL:
         every = every_text(schedule.every_seconds).capitalize()
         text = f"{every} from {format_utc(schedule.anchor_at)}, elapsed time ({schedule.timezone})"
-        return text + _window_text(schedule.start_at, schedule.end_at) + _runs_text(schedule)
+        return (
+            text + _window_text(schedule.start_at, schedule.end_at) + _runs_text(schedule) + _calendars_text(schedule)
+        )
     try:
         text = describe_cron(schedule.cron or "")
     except TimeRuleError:
         text = schedule.cron or "?"
     policy = _dst_policy_text(schedule.dst_gap, schedule.dst_repeat)
     window = _window_text(schedule.start_at, schedule.end_at)
-    return f"{text} ({schedule.timezone}){policy}{window}{_runs_text(schedule)}"
+    return f"{text} ({schedule.timezone}){policy}{window}{_runs_text(schedule)}{_calendars_text(schedule)}"
+
+
+def _calendars_text(schedule: Schedule) -> str:
+    """'; except on es-holidays' for a schedule that names calendars."""
+    names = schedule.exclude_calendars
+    return f"; except on {', '.join(names)}" if names else ""
 
 
 def _runs_text(schedule: Schedule) -> str:

@@ -13,6 +13,7 @@ from django.forms.fields import InvalidJSONInput
 from core.choices import DstGap, DstRepeat, ScheduleState
 from dispatch.services import registered_names
 from scheduler_project.console import InstantField
+from schedules.calendars import check_exclude_calendars
 from schedules.definitions import TIME_FIELDS, clean_definition
 from schedules.errors import ScheduleInvalid
 from schedules.json_input import JSONInputError, loads_strict, storable_json
@@ -71,6 +72,7 @@ class ScheduleChangeForm(forms.ModelForm):
             "max_runs": "Max runs",
             "start_at": "Start at (UTC)",
             "end_at": "End at (UTC)",
+            "exclude_calendars": "Exclude calendars",
             "dst_gap": "Skipped local times",
             "dst_repeat": "Repeated local times",
         }
@@ -90,6 +92,8 @@ class ScheduleChangeForm(forms.ModelForm):
             "start_at": "No fire before this instant. Empty: from now.",
             "end_at": "No fire after this instant; once it has passed and nothing is pending, the schedule is "
             "completed. Empty: no end.",
+            "exclude_calendars": "Names of this tenant's calendars, comma-separated: no fire on their dates (in "
+            "this schedule's zone) or in their ranges. Empty: none.",
         }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -126,6 +130,7 @@ class ScheduleChangeForm(forms.ModelForm):
                     cleaned[field] = None
         try:
             self.definition = clean_definition({field: cleaned.get(field) for field in DEFINITION_FIELDS})
+            check_exclude_calendars(self.instance.tenant_id, self.definition["exclude_calendars"], lock=False)
         except ScheduleInvalid as exc:
             for field, field_errors in exc.errors.items():
                 self.add_error(field if field in self.fields else None, field_errors)

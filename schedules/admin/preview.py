@@ -54,17 +54,24 @@ def preview_json(request: HttpRequest) -> JsonResponse:
         return _error(exc.errors)
     now = db_now()
     after: datetime = data["after"] or now
+    tenant = request.GET.get("tenant", "")
+    if tenant and not (tenant.isascii() and tenant.isdigit() and len(tenant) <= 18):
+        return _error({"detail": f"tenant {tenant[:40]!r} is not a tenant id."})
     try:
-        fires = preview_definition(definition, after=after, count=data["count"], now=now)
+        fires = preview_definition(
+            definition, after=after, count=data["count"], now=now, tenant_id=int(tenant) if tenant else None
+        )
     except TimeRuleError as exc:
         return _error({exc.field: [exc.message]})
+    except ScheduleInvalid as exc:
+        return _error(exc.errors)
     return JsonResponse(preview_body(definition, fires, after=after, now=now))
 
 
 # What describe_schedule reads of a definition.
 DESCRIBED_FIELDS = (
     *("kind", "cron", "run_at", "every_seconds", "anchor_at", "timezone"),
-    *("dst_gap", "dst_repeat", "start_at", "end_at", "max_runs"),
+    *("dst_gap", "dst_repeat", "start_at", "end_at", "max_runs", "exclude_calendars"),
 )
 
 

@@ -161,7 +161,7 @@ class ScheduleAdmin(ScheduleOperationsMixin, ScheduleColumnsMixin, SafeActionSel
     def get_fieldsets(self, request: HttpRequest, obj: Schedule | None = None):
         definition = [
             *("name", "kind", "cron", "run_at", "every_seconds", "anchor_at", "timezone", "dst_gap", "dst_repeat"),
-            *("start_at", "end_at", "max_runs", "handler", "payload"),
+            *("start_at", "end_at", "max_runs", "exclude_calendars", "handler", "payload"),
         ]
         note = "Read-only: a canceled schedule is final."
         if self.has_change_permission(request, obj):
@@ -266,7 +266,8 @@ class ScheduleAdmin(ScheduleOperationsMixin, ScheduleColumnsMixin, SafeActionSel
             context.update(
                 operations=self._operation_links(request, stored),
                 occurrences_url=occurrences_url(stored),
-                preview_url=reverse("admin:schedules_schedule_preview"),
+                # The tenant's calendars decide the fires of a schedule that names some.
+                preview_url=f"{reverse('admin:schedules_schedule_preview')}?tenant={stored.tenant_id}",
             )
         return super().render_change_form(request, context, add, change, form_url, obj)
 

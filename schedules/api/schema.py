@@ -368,3 +368,25 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 
 
 __all__ = ["IDEMPOTENCY_KEY", "INSTANT", "errors", "query_text"]
+
+
+class CalendarInputExtension(OpenApiSerializerExtension):
+    """Calendar bodies (create, PATCH) and their ranges: no other keys (an unknown one is a 400 naming it)."""
+
+    target_class = "schedules.api.calendars.CalendarInputSerializer"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        _text_rules(self.target, schema)
+        schema["additionalProperties"] = False
+        return schema
+
+
+class CalendarRangeExtension(CalendarInputExtension):
+    target_class = "schedules.api.calendars.RangeSerializer"
+
+    def map_serializer(self, auto_schema, direction):
+        schema = super().map_serializer(auto_schema, direction)
+        schema["description"] = "A range of instants [start, end): end after start."
+        return schema

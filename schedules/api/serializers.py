@@ -16,6 +16,7 @@ from core.clock import db_now
 from core.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, TimeRule, local_time
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 from dispatch.services import earliest_pending_fire
+from schedules.calendar_names import MAX_CALENDARS_PER_SCHEDULE, NAME_PATTERN
 from schedules.definitions import MAX_RUNS, NUMERIC_RANGES
 from schedules.json_input import MAX_JSON_DEPTH, json_depth_exceeds
 from schedules.models import DEFINITION_FIELDS, Schedule
@@ -75,6 +76,29 @@ def parse_instant(data: Any) -> datetime:
     if not EARLIEST_INSTANT <= value < LATEST_INSTANT:
         raise InstantInvalid("range")
     return value
+
+
+class FlatListField(serializers.ListField):
+    """A list whose items' errors come as one flat list of messages ("item 2: ..."): the API's 400 is
+    {field: [message, ...]}, and DRF would nest them by index."""
+
+    def to_internal_value(self, data: Any) -> list:
+        try:
+            return super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            raise serializers.ValidationError(_flat_messages(exc.detail)) from None
+
+
+def _flat_messages(detail: Any, prefix: str = "") -> list[str]:
+    if isinstance(detail, dict):
+        return [m for key, value in detail.items() for m in _flat_messages(value, f"{prefix}{_label(key)}: ")]
+    if isinstance(detail, list):
+        return [m for value in detail for m in _flat_messages(value, prefix)]
+    return [f"{prefix}{detail}"]
+
+
+def _label(key: Any) -> str:
+    return f"item {key}" if isinstance(key, int) or str(key).isdigit() else str(key)
 
 
 class AwareDateTimeField(serializers.Field):
@@ -152,6 +176,8 @@ def _of_its_json_type(field: serializers.Field, value: Any) -> bool:
     """Text fields take JSON strings, integer fields JSON integers (5.0 is one too, a boolean is not)."""
     if isinstance(field, serializers.CharField):
         return isinstance(value, str)
+    if isinstance(field, serializers.ListField) and isinstance(field.child, serializers.CharField):
+        return isinstance(value, list) and all(isinstance(item, str) for item in value)
     if isinstance(field, serializers.IntegerField):
         if isinstance(value, bool):
             return False
@@ -193,6 +219,14 @@ class ScheduleInputSerializer(serializers.Serializer):
         help_text="Only the first max_runs fires exist (missed ones count, manual triggers do not); then the schedule "
         "is completed.",
     )
+    exclude_calendars = FlatListField(
+        child=serializers.RegexField(NAME_PATTERN.pattern, max_length=63),
+        required=False,
+        allow_null=True,
+        max_length=MAX_CALENDARS_PER_SCHEDULE,
+        help_text="Names of the tenant's calendars (/api/v1/calendars/): a fire whose local date (in this schedule's "
+        "zone) is one of their dates, or whose instant lies in one of their ranges, does not exist.",
+    )
     lane = _choice_field(Lane)
     flexible_window_seconds = _int_field("flexible_window_seconds")
     priority = _int_field("priority")
@@ -228,7 +262,8 @@ class ScheduleInputSerializer(serializers.Serializer):
             value = data.get(name)
             # Absent or null: the field's own allow_null decides.
             if value is not None and not _of_its_json_type(field, value):
-                errors[name] = [field.error_messages["invalid"]]
+                messages = field.error_messages
+                errors[name] = [messages.get("invalid") or messages.get("not_a_list") or "Not a valid value."]
         if errors:
             raise serializers.ValidationError(errors)
 

@@ -6,11 +6,13 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
+from schedules.api.calendars import CalendarViewSet
 from schedules.api.views import OccurrenceViewSet, ScheduleViewSet
 
 router = SimpleRouter()
 router.register("schedules", ScheduleViewSet, basename="schedule")
 router.register("occurrences", OccurrenceViewSet, basename="occurrence")
+router.register("calendars", CalendarViewSet, basename="calendar")
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]), name="schema"),

@@ -189,7 +189,9 @@ class ScheduleViewSet(
         if schedule.state == ScheduleState.ACTIVE:
             definition = {field: getattr(schedule, field) for field in DEFINITION_FIELDS}
             runs_left = services.runs_left_after(schedule, after)
-            fires = services.preview_definition(definition, after=after, count=count, now=now, runs_left=runs_left)
+            fires = services.preview_definition(
+                definition, after=after, count=count, now=now, runs_left=runs_left, tenant_id=schedule.tenant_id
+            )
         return Response(fires_json(fires, schedule.time_rule))
 
     @extend_schema(request=PreviewInputSerializer, responses={200: FiresSerializer, **errors(413)})
@@ -201,7 +203,9 @@ class ScheduleViewSet(
         definition = services.clean_definition({**PREVIEW_PLACEHOLDERS, **body.validated_data["definition"]})
         now = db_now()
         after = body.validated_data["after"] or now
-        fires = services.preview_definition(definition, after=after, count=body.validated_data["count"], now=now)
+        fires = services.preview_definition(
+            definition, after=after, count=body.validated_data["count"], now=now, tenant_id=request.tenant.pk
+        )
         return Response(fires_json(fires, time_rule_of(definition)))
 
     @extend_schema(

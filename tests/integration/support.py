@@ -57,6 +57,7 @@ def form_data(schedule: Schedule, **overrides) -> dict:
         **split_instant("start_at", schedule.start_at),
         **split_instant("end_at", schedule.end_at),
         "max_runs": schedule.max_runs or "",
+        "exclude_calendars": ",".join(schedule.exclude_calendars or []),
         "handler": schedule.handler,
         "payload": "{}",
         "lane": schedule.lane,

@@ -247,9 +247,11 @@ def test_a_saved_edit_says_so_once(console, make):
 
 
 def test_the_change_page_offers_the_live_preview_from_a_local_script(console, make):
-    html = html_of(console.get(change_url(make())))
+    schedule = make()
+    html = html_of(console.get(change_url(schedule)))
 
-    assert 'id="live-preview"' in html and f'data-preview-url="{PREVIEW_URL}"' in html
+    # With the schedule's tenant: its calendars decide the fires.
+    assert 'id="live-preview"' in html and f'data-preview-url="{PREVIEW_URL}?tenant={schedule.tenant_id}"' in html
     script = re.search(r'<script src="(/static/schedules/js/preview\.js)"', html).group(1)
     served = Client(HTTP_HOST="localhost").get(script)
     assert served.status_code == 200

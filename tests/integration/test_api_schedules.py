@@ -27,6 +27,7 @@ SCHEDULE_KEYS = {
     "start_at",
     "end_at",
     "max_runs",
+    "exclude_calendars",
     "remaining_runs",
     "resume_at",
     "lane",

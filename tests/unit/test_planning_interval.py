@@ -110,7 +110,7 @@ def test_the_materializer_batch_plans_two_periods_from_one_cursor_each_by_its_ow
     assert grid(cursor) == grid(cursor, 90) == cursor
     schedules = [interval(next_run_at=cursor), interval(id=uuid.uuid4(), every_seconds=90, next_run_at=cursor)]
     rows = [(*schedule, 0, "(0,1)", str(schedule.id)) for schedule in schedules]
-    plans = Materializer("unit", horizon_seconds=HORIZON.total_seconds())._plan(rows, NOW)
+    plans = Materializer("unit", horizon_seconds=HORIZON.total_seconds())._plan(rows, NOW, {})
     assert [[o.scheduled_for for o in plan.occurrences] for plan in plans] == [
         [cursor, cursor + timedelta(seconds=45)],
         [cursor],

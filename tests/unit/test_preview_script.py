@@ -18,7 +18,7 @@ HARNESS = r"""
 const fs = require("fs");
 const values = {
   kind: "cron", cron: "* * * * *", timezone: "UTC", lane: "strict", misfire_policy: "skip",
-  dst_gap: "shift", dst_repeat: "",
+  dst_gap: "shift", dst_repeat: "", exclude_calendars: " us-holidays, ,maintenance ",
   every_seconds: " 90 ", anchor_at_0: "2026-01-01", anchor_at_1: "00:00:05", run_at_0: "", run_at_1: "",
   csrfmiddlewaretoken: "token",
 };
@@ -77,6 +77,7 @@ def test_the_change_form_shows_interval_fields_for_that_kind_and_previews_them(t
     cron, interval = seen["sent"]
     assert cron["kind"] == "cron" and "every_seconds" not in cron and "anchor_at" not in cron
     assert (cron["dst_gap"], cron["dst_repeat"]) == ("shift", None), "an empty choice is the default, null"
+    assert cron["exclude_calendars"] == ["us-holidays", "maintenance"], "comma-separated names, blanks dropped"
     assert interval == {
         "count": 10,
         "kind": "interval",
@@ -88,4 +89,5 @@ def test_the_change_form_shows_interval_fields_for_that_kind_and_previews_them(t
         "anchor_at": "2026-01-01T00:00:05Z",
         "start_at": None,
         "end_at": None,
+        "exclude_calendars": ["us-holidays", "maintenance"],
     }

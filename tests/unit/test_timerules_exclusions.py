@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.timerules import DST_GAP_POLICIES, DST_REPEAT_POLICIES, Exclusions, TimeRule
+from core.timerules import DST_GAP_POLICIES, DST_REPEAT_POLICIES, ExclusionHistory, Exclusions, TimeRule
 from tests.support import examples
 from tests.unit.test_timerules import ZONES, cron_expressions, instants_near_transitions, ref_fires_after, utc
 
@@ -93,3 +93,59 @@ def test_a_date_is_read_in_the_rules_zone_where_midnight_is_skipped() -> None:
     )
     fires = list(itertools.islice(rule.iter_after(datetime(2026, 9, 5, 12, tzinfo=UTC)), 2))
     assert fires == [utc(2026, 9, 6, 4, 30), utc(2026, 9, 6, 5, 30)]  # 01:30 and 02:30 -03 on 6 September
+
+
+@st.composite
+def histories_near(draw: st.DrawFn, after: datetime, zone: str) -> ExclusionHistory:
+    """Contents in force over random spans (some open-ended), overlapping or not, as reconcile builds them."""
+    spans = []
+    for _ in range(draw(st.integers(1, 4))):
+        since = after + timedelta(minutes=draw(st.integers(-600, 10 * 24 * 60)))
+        until = None if draw(st.booleans()) else since + timedelta(minutes=draw(st.integers(1, 5 * 24 * 60)))
+        spans.append((since, until, draw(exclusions_near(after, zone))))
+    return ExclusionHistory(tuple(spans))
+
+
+def excluded_by_history(fire: datetime, zone: str, history: ExclusionHistory) -> bool:
+    """The definition: some content whose span holds the fire excludes it."""
+    return any(
+        since <= fire and (until is None or fire < until) and excluded(fire, zone, exclusions)
+        for since, until, exclusions in history.spans
+    )
+
+
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cron_expressions(), st.sampled_from(ZONES), st.data())
+def test_a_history_excludes_exactly_the_fires_a_content_in_force_over_them_excludes(expr, zone, data):
+    after = data.draw(instants_near_transitions(zone))
+    history = data.draw(histories_near(after, zone))
+    reference = ref_fires_after(expr, zone, after, 60, "skip", "first")
+    rule = TimeRule(kind="cron", timezone=zone, cron=expr, exclusions=history)
+    expected = [fire for fire in reference if not excluded_by_history(fire, zone, history)]
+    horizon = reference[-1] if reference else after
+
+    got = list(itertools.takewhile(lambda fire: fire <= horizon, rule.iter_after(after)))
+
+    assert got == expected
+
+
+def test_a_content_stops_excluding_where_its_span_ends_even_mid_day() -> None:
+    christmas = Exclusions(frozenset({date(2026, 12, 25)}))
+    history = ExclusionHistory(((utc(2026, 12, 1), utc(2026, 12, 25, 12), christmas),))
+    rule = TimeRule(kind="cron", cron="0 */6 * * *", exclusions=history)
+
+    assert rule.fires_between(utc(2026, 12, 24, 18), utc(2026, 12, 26)) == [
+        utc(2026, 12, 24, 18),
+        utc(2026, 12, 25, 12),
+        utc(2026, 12, 25, 18),
+    ]
+
+
+def test_stored_contents_parse_and_merge_as_one_exclusion() -> None:
+    holidays = Exclusions.stored(["2026-12-25"], [])
+    window = Exclusions.stored([], [{"start": "2026-12-31T23:00:00+01:00", "end": "2027-01-01T06:00:00Z"}])
+
+    merged = Exclusions.merged([holidays, window])
+
+    assert merged == Exclusions(frozenset({date(2026, 12, 25)}), ((utc(2026, 12, 31, 22), utc(2027, 1, 1, 6)),))
+    assert not Exclusions.merged([]) and not ExclusionHistory()

@@ -11,6 +11,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from core.clock import db_now
+from schedules.calendars import create_calendar
+from schedules.models import Calendar
 from schedules.services import create_schedule, pause_schedule
 from tenants.services import provision_tenant
 
@@ -24,6 +26,18 @@ BUSY_QUOTAS = {"max_fires_per_second": 20, "max_running": 5, "fairness_weight": 
 OPERATOR_USERNAME = "operator"
 # The demo schedule that starts paused, with a note and the instant it resumes by itself.
 PAUSED_UNTIL = ("partner-export", "partner freeze during their migration, CHG-204", timedelta(days=1))
+
+
+# The demo tenant's holiday calendar (Spain's national holidays), which the stand-up reminder skips.
+HOLIDAYS = {
+    "name": "es-holidays",
+    "description": "Spain's national holidays",
+    "dates": [
+        *("2026-01-01", "2026-01-06", "2026-04-03", "2026-05-01", "2026-08-15", "2026-10-12", "2026-11-01"),
+        *("2026-12-06", "2026-12-08", "2026-12-25", "2027-01-01", "2027-01-06", "2027-03-26", "2027-05-01"),
+        *("2027-08-15", "2027-10-12", "2027-11-01", "2027-12-06", "2027-12-08", "2027-12-25"),
+    ],
+}
 
 
 def demo_schedules(now: Any) -> list[dict[str, Any]]:
@@ -46,6 +60,7 @@ def demo_schedules(now: Any) -> list[dict[str, Any]]:
             "timezone": "Europe/Madrid",
             "handler": "log",
             "priority": 10,
+            "exclude_calendars": [HOLIDAYS["name"]],
         },
         {
             "name": "inventory-sync",
@@ -123,6 +138,8 @@ class Command(BaseCommand):
         demo = provision_tenant(DEMO_SLUG, domain=DEMO_DOMAIN, name="Demo Inc.")
         now = db_now()
         created = 0
+        if not Calendar.objects.filter(tenant=demo.tenant, name=HOLIDAYS["name"]).exists():
+            create_calendar(tenant=demo.tenant, data=HOLIDAYS, actor="operator:demo-setup")
         for body in demo_schedules(now):
             # The name is the idempotency key, so running the demo twice does not duplicate schedules.
             schedule, was_created = create_schedule(

@@ -51,6 +51,9 @@
     // Every kind's window; an empty one is unbounded (null).
     body.start_at = instant(form, "start_at");
     body.end_at = instant(form, "end_at");
+    // Comma-separated calendar names; none is null.
+    const calendars = (field(form, "exclude_calendars") || "").split(",").map((name) => name.trim()).filter(Boolean);
+    body.exclude_calendars = calendars.length ? calendars : null;
     return body;
   }
 
