@@ -196,13 +196,16 @@ def expects(span: VersionSpan, at: datetime) -> bool:
 
 def _last_owed_fire(span: VersionSpan, rule: TimeRule, end: datetime) -> datetime | None:
     """Under max_runs, the last fire version `span` owes: its remaining_runs-th after valid_from; None when it owes
-    none. An interval's by arithmetic; a cron rule's by walking its fires, no further than `end` (the answer is then
-    `end` itself: the limit does not bind before it), so the walk is bounded by the fires a reconcile window holds."""
+    none. An interval's by arithmetic (without calendars); otherwise by walking its fires, no further than `end`
+    (the answer is then `end` itself: the limit does not bind before it)."""
     runs = span.remaining_runs or 0
+    if span.exclusions:
+        # A fire that only some content in force excluded may have been written, and taken a run: count it.
+        rule = replace(rule, exclusions=span.exclusions.certain())
     first = rule.next_after(span.valid_from) if runs > 0 else None
     if first is None:
         return None
-    if rule.kind == "interval" and rule.every_seconds:
+    if rule.kind == "interval" and rule.every_seconds and not span.exclusions:
         try:
             return first + timedelta(seconds=rule.every_seconds * (runs - 1))
         except OverflowError:
@@ -272,7 +275,9 @@ def version_spans(schedule_ids: Iterable[uuid.UUID], since: datetime, until: dat
     named = {(span.tenant_id, name) for span in spans for name in span.exclude_calendars}
     if not named:
         return spans
-    history = calendar_history(named, since, until)
+    # Under max_runs a version's runs are counted from its start, so its history goes back that far.
+    counted_from = [span.valid_from for span in spans if span.exclude_calendars and span.remaining_runs is not None]
+    history = calendar_history(named, min([since, *counted_from]), until)
     return [
         replace(
             span,

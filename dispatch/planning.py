@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from core.choices import Kind, Lane, MisfirePolicy
 from core.exclusions import ExclusionsLike
-from core.timerules import TimeRule
+from core.timerules import TimeRule, parse_timezone
 from dispatch.identity import name_prefix, name_suffix, occurrence_id_of
 from dispatch.models import OccurrenceState
 
@@ -79,6 +79,23 @@ class DueSchedule(NamedTuple):
             self.start_at,
             self.end_at,
             self.exclusions,
+        )
+
+    @property
+    def rhythm(self) -> TimeRule:
+        """The rule without the calendars: what the cursor follows (walk_fires)."""
+        return _time_rule(
+            self.kind,
+            self.timezone,
+            self.cron,
+            self.run_at,
+            self.every_seconds,
+            self.anchor_at,
+            self.dst_gap,
+            self.dst_repeat,
+            self.start_at,
+            self.end_at,
+            None,
         )
 
 
@@ -313,14 +330,25 @@ def walk_fires(schedule: DueSchedule, *, now: datetime, horizon: timedelta) -> W
     cap = fire_cap(schedule)
     fires: list[datetime] = []
     cursor: datetime | None = schedule.next_run_at
-    if cursor is not None and schedule.exclusions and not rule.allows(cursor):
-        # A calendar changed since the cursor was set: its fire no longer exists (a change applies to the fires not
-        # yet materialized). The walk starts at the first fire that does.
-        cursor = None if schedule.kind == Kind.ONCE else rule.next_after(cursor)
-    while cursor is not None and cursor <= horizon_end and len(fires) < cap:
-        fires.append(cursor)
-        # A one-off's cursor is its only fire; cron and interval rules give the next (an interval's by division).
-        cursor = None if schedule.kind == Kind.ONCE else rule.next_after(cursor)
+    once = schedule.kind == Kind.ONCE
+    exclusions = schedule.exclusions
+    if not exclusions:
+        while cursor is not None and cursor <= horizon_end and len(fires) < cap:
+            fires.append(cursor)
+            # A one-off's cursor is its only fire; cron and interval rules give the next (an interval's by division).
+            cursor = None if once else rule.next_after(cursor)
+    else:
+        # The cursor follows the rhythm; a fire the calendars exclude (as they are now) is left out as it is reached.
+        # An excluded stretch is jumped over no further than the horizon: a cursor far beyond it would never come
+        # back to fires that a later change of the calendars brings back.
+        rhythm, zone = schedule.rhythm, parse_timezone(schedule.timezone)
+        while cursor is not None and cursor <= horizon_end and len(fires) < cap:
+            resume = exclusions.skip_to(cursor, zone)
+            if resume is None:
+                fires.append(cursor)
+                cursor = None if once else rhythm.next_after(cursor)
+            else:
+                cursor = None if once else rhythm.next_after(min(resume, horizon_end))
 
     truncated_in_past = cursor is not None and cursor < lateness_limit
     if truncated_in_past and keep:

@@ -15,7 +15,7 @@ from core.choices import ScheduleState
 from core.clock import db_now
 from core.timerules import EARLIEST_INSTANT, LATEST_INSTANT
 from schedules.calendar_names import NAME_PATTERN, NAME_RULE
-from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
+from schedules.errors import Gone, QuotaExceeded, ScheduleInvalid, StateConflict
 from schedules.models import Calendar, CalendarRevision, Schedule
 from tenants.models import Tenant
 
@@ -67,8 +67,11 @@ def _dates(value: Any, errors: dict[str, list[str]]) -> list[str]:
             day = date.fromisoformat(item) if isinstance(item, str) and len(item) == 10 else None
         except ValueError:
             day = None
-        if day is None:
-            errors.setdefault("dates", []).append(f"{str(item)[:40]!r} is not a date YYYY-MM-DD.")
+        if day is None or not EARLIEST_INSTANT.year <= day.year < LATEST_INSTANT.year:
+            errors.setdefault("dates", []).append(
+                f"{str(item)[:40]!r} is not a date YYYY-MM-DD from {EARLIEST_INSTANT.year} to "
+                f"{LATEST_INSTANT.year - 1}."
+            )
             return []
         days.add(day)
     return [day.isoformat() for day in sorted(days)]
@@ -119,7 +122,7 @@ def create_calendar(*, tenant: Tenant, data: dict[str, Any], actor: str, now: da
     try:
         with transaction.atomic():
             # The tenant row serialises creates, so two racing ones cannot both take the last place.
-            locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+            locked = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
             if Calendar.objects.filter(tenant=locked).count() >= MAX_CALENDARS_PER_TENANT:
                 raise QuotaExceeded(
                     f"Tenant {locked.slug} holds {MAX_CALENDARS_PER_TENANT} calendars, the most it may.",
@@ -141,7 +144,7 @@ def update_calendar(
     """Change dates, ranges or the description; a new content is a new revision, from now on."""
     cleaned = clean_calendar(changes, current=calendar)
     with transaction.atomic():
-        calendar = Calendar.objects.select_for_update().get(pk=calendar.pk)
+        calendar = _locked(calendar)
         content_changed = any(
             field in cleaned and cleaned[field] != getattr(calendar, field) for field in ("dates", "ranges")
         )
@@ -163,7 +166,7 @@ def delete_calendar(calendar: Calendar, *, actor: str, now: datetime | None = No
     """Delete a calendar no active or paused schedule names (StateConflict naming a few that do). Its history
     stays: older versions of schedules name it, and reconcile judges their fires by it."""
     with transaction.atomic():
-        calendar = Calendar.objects.select_for_update().get(pk=calendar.pk)
+        calendar = _locked(calendar)
         users = list(_schedules_naming(calendar.tenant_id, calendar.name).values_list("name", flat=True)[:5])
         if users:
             raise StateConflict(
@@ -196,6 +199,18 @@ def check_exclude_calendars(tenant_id: int, names: list[str] | None, *, lock: bo
         raise ScheduleInvalid(
             {"exclude_calendars": [f"No calendar named {', '.join(map(repr, unknown))}; create it first."]}
         )
+
+
+def _locked(calendar: Calendar) -> Calendar:
+    """The calendar's row, locked, after its tenant's row, the order every schedule change takes (tenant, then the
+    calendars it names: check_exclude_calendars). FOR NO KEY UPDATE on the tenant: the revision this change writes
+    checks its foreign key with a KEY SHARE lock on the tenant at commit, which a schedule change's own commit also
+    takes, and neither may wait for the other. StateConflict when the calendar was deleted meanwhile."""
+    Tenant.objects.select_for_update(no_key=True).filter(pk=calendar.tenant_id).first()
+    locked = Calendar.objects.select_for_update().filter(pk=calendar.pk).first()
+    if locked is None:
+        raise Gone(f"Calendar {calendar.name!r} was deleted meanwhile.")
+    return locked
 
 
 def _schedules_naming(tenant_id: int, name: str):

@@ -26,3 +26,11 @@ class StateConflict(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class Gone(Exception):
+    """What the request named was deleted by another request meanwhile (404)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message

@@ -3,6 +3,7 @@ history of definitions)."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import datetime
 from typing import Any
@@ -215,7 +216,10 @@ class Schedule(models.Model):
         return self.remaining_runs
 
     @property
-    def time_rule(self) -> TimeRule:
+    def rhythm(self) -> TimeRule:
+        """The time rule without the calendars: what the cursor follows. The materializer leaves out the fires the
+        calendars exclude as it reaches them, so a calendar changed later applies to every fire not yet written
+        (a cursor that had jumped over excluded fires would never come back to them)."""
         return TimeRule(
             kind=self.kind,
             timezone=self.timezone,
@@ -227,8 +231,15 @@ class Schedule(models.Model):
             dst_repeat=self.dst_repeat,
             start_at=self.start_at,
             end_at=self.end_at,
-            exclusions=Calendar.objects.exclusions(self.tenant_id, self.exclude_calendars),
         )
+
+    @property
+    def time_rule(self) -> TimeRule:
+        """The fires that exist: the rhythm less what its calendars exclude, as they are now (one query when the
+        schedule names calendars)."""
+        rule = self.rhythm
+        exclusions = Calendar.objects.exclusions(self.tenant_id, self.exclude_calendars)
+        return dataclasses.replace(rule, exclusions=exclusions) if exclusions is not None else rule
 
     def definition(self) -> dict:
         """JSON snapshot of the definition and state, as stored in ScheduleVersion."""

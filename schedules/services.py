@@ -229,7 +229,7 @@ def create_schedule(
             check_exclude_calendars(tenant.pk, definition["exclude_calendars"])
             schedule = Schedule(tenant=locked_tenant, **anchored_at_now(definition, now))
             schedule.shard = shard_for(schedule.id)
-            schedule.next_run_at = _first_fire(schedule.time_rule, now)
+            schedule.next_run_at = _first_fire(schedule.rhythm, now)
             schedule.state = _state_with_cursor(schedule, now)
             schedule.remaining_runs = schedule.max_runs
             schedule.idempotency_key = idempotency_key or None
@@ -312,9 +312,9 @@ def update_schedule(
             # run_at that has already passed keeps it as its cursor, as at create: the misfire policy decides.
             # Only a new run_at: a client resending the stored one (a whole GET body) must not fire it again.
             if schedule.kind == Kind.ONCE and changes.get("run_at") is not None and schedule.run_at != stored_run_at:
-                schedule.next_run_at = _first_fire(schedule.time_rule, now)
+                schedule.next_run_at = _first_fire(schedule.rhythm, now)
             else:
-                schedule.next_run_at = _next_fire_after_change(schedule.time_rule, now)
+                schedule.next_run_at = _next_fire_after_change(schedule.rhythm, now)
             schedule.state = _state_with_cursor(schedule, now)
             if schedule.state == ScheduleState.ACTIVE and not was_counted:
                 # A completed one-off given a new run_at counts against the quota again.
@@ -390,7 +390,7 @@ def resume_schedule(schedule: Schedule, *, actor: str, note: str = "", now: date
         if schedule.state != ScheduleState.PAUSED:
             raise StateConflict(f"Only a paused schedule can be resumed; this one is {schedule.state}.")
         schedule.resume_at = None
-        schedule.next_run_at = _next_fire_after_change(schedule.time_rule, now)
+        schedule.next_run_at = _next_fire_after_change(schedule.rhythm, now)
         schedule.state = _state_with_cursor(schedule, now)
         _bump(schedule, VersionChange.RESUME, actor, now, note)
         run_at = schedule.run_at

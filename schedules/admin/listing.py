@@ -6,6 +6,7 @@ those rows, with a subquery per row on the (schedule_id, scheduled_for DESC) ind
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,8 +19,9 @@ from django.db.models.functions import JSONObject
 
 from core.choices import Kind, ScheduleState
 from core.cron_syntax import TimeRuleError
+from core.exclusions import Exclusions
 from dispatch.models import Occurrence, OccurrenceState
-from schedules.models import Schedule
+from schedules.models import Calendar, Schedule
 
 # The materializer keeps the cursor a horizon ahead of now; a cursor this far in the past while the schedule is
 # active means fires are due that nobody has materialized (the materializer is down or behind). Below it, a
@@ -140,9 +142,16 @@ def run_statuses(schedules: Iterable[Schedule], now: datetime) -> dict[uuid.UUID
     )
     found = {pk: (Run.from_json(last_run), Run.from_json(one_off)) for pk, last_run, one_off in rows}
     statuses = {}
+    # The calendars of the page, read once per combination (Schedule.time_rule would read them once per row).
+    calendars = {
+        (row.tenant_id, tuple(row.exclude_calendars)): Calendar.objects.exclusions(row.tenant_id, row.exclude_calendars)
+        for row in schedules
+        if row.exclude_calendars
+    }
     for schedule in schedules:
         last_run, one_off_fire = found.get(schedule.pk, (None, None))
-        next_fire, rule_error = _next_fire(schedule, now)
+        exclusions = calendars.get((schedule.tenant_id, tuple(schedule.exclude_calendars or ())))
+        next_fire, rule_error = _next_fire(schedule, now, exclusions)
         statuses[schedule.pk] = RunStatus(
             now=now,
             last_run=last_run,
@@ -154,13 +163,14 @@ def run_statuses(schedules: Iterable[Schedule], now: datetime) -> dict[uuid.UUID
     return statuses
 
 
-def _next_fire(schedule: Schedule, now: datetime) -> tuple[datetime | None, str]:
-    """The next fire the time rules give after now: the cursor can run a horizon ahead of it (fires already
-    materialized) or trail it (the materializer is behind), so it is not the answer."""
+def _next_fire(schedule: Schedule, now: datetime, exclusions: Exclusions | None) -> tuple[datetime | None, str]:
+    """The next fire the time rules give after now, less what the schedule's calendars exclude: the cursor can run
+    a horizon ahead of it (fires already materialized) or trail it (the materializer is behind), so it is not the
+    answer."""
     if schedule.state != ScheduleState.ACTIVE:
         return None, ""
     try:
-        return schedule.time_rule.next_after(now), ""
+        return dataclasses.replace(schedule.rhythm, exclusions=exclusions).next_after(now), ""
     except (TimeRuleError, ValueError) as exc:
         return None, str(exc)
 

@@ -15,7 +15,7 @@ from schedules import calendars
 from schedules.api.schema import errors
 from schedules.api.serializers import AwareDateTimeField, FlatListField
 from schedules.api.views import actor_of
-from schedules.calendar_names import NAME_PATTERN
+from schedules.calendar_names import NAME_REGEX
 from schedules.models import Calendar
 
 CALENDAR_KEYS = {"name", "dates", "ranges", "description"}
@@ -60,7 +60,7 @@ class CalendarInputSerializer(serializers.Serializer):
     """Create and PATCH bodies; the rules (formats, bounds, order) are the service's, so the console and the API
     give one answer."""
 
-    name = serializers.RegexField(NAME_PATTERN.pattern, required=False, max_length=63)
+    name = serializers.RegexField(NAME_REGEX, required=False, max_length=63)
     description = serializers.CharField(required=False, allow_blank=True, max_length=calendars.MAX_DESCRIPTION)
     dates = FlatListField(
         child=serializers.DateField(), required=False, max_length=calendars.MAX_DATES, help_text="YYYY-MM-DD."
@@ -96,7 +96,7 @@ class CalendarInputSerializer(serializers.Serializer):
 
 
 class CalendarCreateSerializer(CalendarInputSerializer):
-    name = serializers.RegexField(NAME_PATTERN.pattern, max_length=63, help_text="Unique in the tenant; never changes.")
+    name = serializers.RegexField(NAME_REGEX, max_length=63, help_text="Unique in the tenant; never changes.")
 
 
 @extend_schema_view(

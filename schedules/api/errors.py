@@ -11,12 +11,14 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from dispatch.services import ReplayRefused
 from schedules.api.throttles import unauthenticated_wait
-from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
+from schedules.errors import Gone, QuotaExceeded, ScheduleInvalid, StateConflict
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ScheduleInvalid):
         return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, Gone):
+        return Response({"detail": exc.message}, status=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, StateConflict):
         return Response({"detail": exc.message}, status=status.HTTP_409_CONFLICT)
     if isinstance(exc, ReplayRefused):

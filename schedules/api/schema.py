@@ -370,6 +370,10 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 __all__ = ["IDEMPOTENCY_KEY", "INSTANT", "errors", "query_text"]
 
 
+# A calendar's dates lie in the years of instants, 1900 to 8999.
+CALENDAR_DATE_YEARS = "^(19[0-9]{2}|[2-8][0-9]{3})-"
+
+
 class CalendarInputExtension(OpenApiSerializerExtension):
     """Calendar bodies (create, PATCH) and their ranges: no other keys (an unknown one is a 400 naming it)."""
 
@@ -380,6 +384,9 @@ class CalendarInputExtension(OpenApiSerializerExtension):
         schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
         _text_rules(self.target, schema)
         schema["additionalProperties"] = False
+        if "dates" in schema.get("properties", {}):
+            # The years instants may have (see the info section).
+            schema["properties"]["dates"]["items"]["pattern"] = CALENDAR_DATE_YEARS
         return schema
 
 

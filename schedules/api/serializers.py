@@ -16,7 +16,7 @@ from core.clock import db_now
 from core.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, TimeRule, local_time
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 from dispatch.services import earliest_pending_fire
-from schedules.calendar_names import MAX_CALENDARS_PER_SCHEDULE, NAME_PATTERN
+from schedules.calendar_names import MAX_CALENDARS_PER_SCHEDULE, NAME_REGEX
 from schedules.definitions import MAX_RUNS, NUMERIC_RANGES
 from schedules.json_input import MAX_JSON_DEPTH, json_depth_exceeds
 from schedules.models import DEFINITION_FIELDS, Schedule
@@ -220,7 +220,7 @@ class ScheduleInputSerializer(serializers.Serializer):
         "is completed.",
     )
     exclude_calendars = FlatListField(
-        child=serializers.RegexField(NAME_PATTERN.pattern, max_length=63),
+        child=serializers.RegexField(NAME_REGEX, max_length=63),
         required=False,
         allow_null=True,
         max_length=MAX_CALENDARS_PER_SCHEDULE,
@@ -262,8 +262,8 @@ class ScheduleInputSerializer(serializers.Serializer):
             value = data.get(name)
             # Absent or null: the field's own allow_null decides.
             if value is not None and not _of_its_json_type(field, value):
-                messages = field.error_messages
-                errors[name] = [messages.get("invalid") or messages.get("not_a_list") or "Not a valid value."]
+                message = field.error_messages.get("invalid") or field.error_messages.get("not_a_list", "Invalid.")
+                errors[name] = [message.format(input_type=type(value).__name__)]
         if errors:
             raise serializers.ValidationError(errors)
 

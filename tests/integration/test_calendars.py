@@ -14,6 +14,7 @@ from dispatch.backfill import backfill_schedule
 from dispatch.models import Occurrence
 from dispatch.reconcile import reconcile
 from schedules.calendars import create_calendar, delete_calendar, update_calendar
+from schedules.errors import Gone
 from schedules.models import Calendar, CalendarRevision, Schedule
 from schedules.services import update_schedule
 from tests.integration.support import (
@@ -134,6 +135,8 @@ def test_a_calendar_in_use_cannot_be_deleted_until_no_live_schedule_names_it(api
 
     assert refused.status_code == 409
     assert "'d'" in refused.json()["detail"]
+    assert api_a.post(f"{SCHEDULES}{schedule['id']}/pause/").status_code == 200
+    assert api_a.delete(f"{CALENDARS}es-holidays/").status_code == 409, "a paused schedule names it too"
     assert api_a.post(f"{SCHEDULES}{schedule['id']}/cancel/").status_code == 200
     assert api_a.delete(f"{CALENDARS}es-holidays/").status_code == 204
 
@@ -183,24 +186,121 @@ def test_a_holiday_has_no_fire_in_the_schedules_own_zone_in_both_previews(api_a)
     assert preview_of(api_a, madrid["id"], T0, 2) == [z(2026, 12, 24, 8), z(2026, 12, 25, 8)]
 
 
-def test_a_one_off_on_a_holiday_has_no_fire_and_is_completed(api_a):
+def test_a_one_off_on_a_holiday_has_no_fire_and_completes_when_its_time_comes(api_a, tenant_a, make_schedule):
+    """Its run_at stays its cursor (a calendar changed before then still applies); the materializer finds it
+    excluded, writes nothing, and the maintenance pass completes it."""
     holidays(api_a)
-
-    response = api_a.post(
-        SCHEDULES,
-        {
-            "name": "o",
-            "kind": "once",
-            "run_at": "2027-01-01T10:00:00+01:00",
-            "timezone": MADRID,
-            "handler": "noop",
-            "exclude_calendars": ["es-holidays"],
-        },
-        format="json",
+    run_at = z(2027, 1, 1, 9)
+    schedule = make_schedule(
+        tenant_a.tenant,
+        now=T0,
+        name="o",
+        kind="once",
+        run_at=run_at,
+        timezone=MADRID,
+        exclude_calendars=["es-holidays"],
     )
+    assert preview_of(api_a, str(schedule.id), T0) == []
+    assert (schedule.state, schedule.next_run_at) == ("active", run_at)
 
-    assert response.status_code == 201, response.content
-    assert (response.json()["state"], response.json()["next_run_at"]) == ("completed", None)
+    materializer = materializer_holding_every_shard("calendar-one-off")
+    run_materializer(materializer, run_at - timedelta(minutes=1))
+    assert materializer.complete_fired_one_offs() == 1
+
+    assert not Occurrence.objects.filter(schedule_id=schedule.id).exists()
+    assert Schedule.objects.get(pk=schedule.id).state == "completed"
+
+
+def test_a_range_shortened_after_the_cursor_reached_it_gives_back_the_fires_it_no_longer_covers(
+    tenant_a, make_schedule
+):
+    """The cursor never jumps over excluded fires beyond the horizon: a daily fire inside a two-week range is
+    written again from the day the range is cut to end."""
+    tenant = tenant_a.tenant
+    shutdown = {"start": "2026-12-24T00:00:00Z", "end": "2027-01-07T00:00:00Z"}
+    calendar = create_calendar(tenant=tenant, data={"name": "shutdown", "ranges": [shutdown]}, actor="t", now=T0)
+    schedule = make_schedule(
+        tenant, now=T0, name="d", cron="0 9 * * *", timezone=MADRID, exclude_calendars=["shutdown"]
+    )
+    materializer = materializer_holding_every_shard("calendar-shortened")
+    days = [z(2026, 12, day, 7, 59) for day in range(24, 31)]
+
+    run_materializer(materializer, *[day for day in days if day.day <= 25])
+    assert Schedule.objects.get(pk=schedule.id).next_run_at <= z(2026, 12, 26, 8), "no further than the horizon"
+    update_calendar(
+        calendar, {"ranges": [{**shutdown, "end": "2026-12-26T00:00:00Z"}]}, actor="t", now=z(2026, 12, 25, 12)
+    )
+    run_materializer(materializer, *[day for day in days if day.day > 25])
+
+    fires = sorted(Occurrence.objects.filter(schedule_id=schedule.id).values_list("scheduled_for", flat=True))
+    assert fires == [z(2026, 12, day, 8) for day in range(26, 31)]
+    report = reconcile(since=T0, until=z(2026, 12, 30, 12), tenant_id=tenant.id, now=z(2026, 12, 30, 13))
+    assert report.ok and report.expected == 5, report.as_dict(gap_limit=5)
+
+
+def test_under_max_runs_an_excluded_fire_takes_no_run_and_a_fire_written_before_a_change_takes_one(
+    tenant_a, make_schedule
+):
+    """Three runs of a daily 09:00 (Madrid): the 25th (a holiday) is skipped, then the 27th is added to the calendar
+    just after its fire was written. The three runs are the 24th, 26th and 27th; reconcile sees no gap."""
+    tenant = tenant_a.tenant
+    calendar = create_calendar(tenant=tenant, data={"name": "es", "dates": ["2026-12-25"]}, actor="t", now=T0)
+    schedule = make_schedule(
+        tenant, now=T0, name="d", cron="0 9 * * *", timezone=MADRID, exclude_calendars=["es"], max_runs=3
+    )
+    materializer = materializer_holding_every_shard("calendar-runs")
+
+    run_materializer(materializer, *[z(2026, 12, day, 7, 59) for day in range(24, 28)])
+    update_calendar(
+        calendar, {"dates": ["2026-12-25", "2026-12-27"]}, actor="t", now=z(2026, 12, 27, 8) + timedelta(seconds=30)
+    )
+    run_materializer(materializer, *[z(2026, 12, day, 7, 59) for day in range(28, 31)])
+
+    fires = sorted(Occurrence.objects.filter(schedule_id=schedule.id).values_list("scheduled_for", flat=True))
+    assert fires == [z(2026, 12, 24, 8), z(2026, 12, 26, 8), z(2026, 12, 27, 8)]
+    assert Schedule.objects.get(pk=schedule.id).remaining_runs_now == 0
+    report = reconcile(since=T0, until=z(2026, 12, 31), tenant_id=tenant.id, now=z(2026, 12, 31, 1))
+    assert report.ok and report.missing == 0, report.as_dict(gap_limit=5)
+    # The 27th may or may not have been excluded when it was written: not expected, its row counted as unexpected.
+    assert (report.expected, report.unexpected) == (2, 1), report.as_dict()
+
+
+def test_an_interval_under_max_runs_counts_its_runs_past_a_holiday_from_before_the_window(tenant_a, make_schedule):
+    """Reconcile counts a version's runs from its start, so a holiday before the window still takes none, even
+    though the calendar dropped it before the window began."""
+    tenant = tenant_a.tenant
+    calendar = create_calendar(tenant=tenant, data={"name": "es", "dates": ["2026-12-25"]}, actor="t", now=T0)
+    schedule = make_schedule(
+        tenant,
+        now=T0,
+        name="i",
+        kind="interval",
+        every_seconds=86400,
+        anchor_at=z(2026, 12, 1, 8),
+        timezone=MADRID,
+        exclude_calendars=["es"],
+        max_runs=4,
+    )
+    materializer = materializer_holding_every_shard("calendar-interval-runs")
+    run_materializer(materializer, *[z(2026, 12, day, 7, 59) for day in range(24, 26)])
+    update_calendar(calendar, {"dates": []}, actor="t", now=z(2026, 12, 25, 12))
+    run_materializer(materializer, *[z(2026, 12, day, 7, 59) for day in range(26, 31)])
+
+    fires = sorted(Occurrence.objects.filter(schedule_id=schedule.id).values_list("scheduled_for", flat=True))
+    assert fires == [z(2026, 12, 24, 8), z(2026, 12, 26, 8), z(2026, 12, 27, 8), z(2026, 12, 28, 8)]
+    report = reconcile(since=z(2026, 12, 26), until=z(2026, 12, 31), tenant_id=tenant.id, now=z(2026, 12, 31, 1))
+    assert report.ok and (report.expected, report.unexpected) == (3, 0), report.as_dict(gap_limit=5)
+
+
+def test_a_calendar_deleted_meanwhile_is_a_404_not_a_500(api_a, tenant_a):
+    holidays(api_a)
+    stale = Calendar.objects.get(name="es-holidays")
+    assert api_a.delete(f"{CALENDARS}es-holidays/").status_code == 204
+
+    with pytest.raises(Gone):
+        update_calendar(stale, {"dates": []}, actor="t")
+    with pytest.raises(Gone):
+        delete_calendar(stale, actor="t")
 
 
 # --- the materializer, reconcile, backfill ---------------------------------------------------------------------
@@ -259,7 +359,6 @@ def test_each_kind_materialized_through_holidays_and_a_range_is_exactly_the_prev
         f for fires in previews.values() for f in fires if z(2026, 12, 28, 3, 30) <= f < z(2026, 12, 28, 17, 45)
     ]
     assert previews[schedules[2].id] == [] and previews[schedules[3].id] == [z(2026, 12, 27, 10)]
-    assert Schedule.objects.get(pk=schedules[2].id).state == "completed"
 
     materialize_as_previewed("calendars", previews, since=since, until=until, tenant_id=tenant.id)
 
@@ -381,8 +480,9 @@ def test_operators_read_every_tenants_calendars_and_what_names_them(console, ten
     make_schedule(tenant_a.tenant, cron="0 9 * * *", exclude_calendars=["es"])
 
     listing = console.get("/admin/schedules/calendar/").content.decode()
-    assert "es" in listing and "us" in listing
     calendar = Calendar.objects.get(name="es")
+    for shown in Calendar.objects.all():
+        assert f'href="/admin/schedules/calendar/{shown.pk}/change/' in listing
     page = console.get(f"/admin/schedules/calendar/{calendar.pk}/change/").content.decode()
     assert "2026-12-25" in page and "1 active or paused schedules" in page
     assert console.get("/admin/schedules/calendar/add/").status_code == 403

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
+from core.exclusions import Exclusions
 from core.timerules import TimeRule
+from dispatch.engine.materializer import Materializer
 from dispatch.identity import occurrence_id_for
 from dispatch.planning import (
     MAX_FIRES_PER_SCHEDULE,
@@ -160,3 +162,40 @@ def test_a_late_one_off_fires_or_is_missed_by_its_misfire_policy():
     }
     assert late_one_off_fires({**definition, "misfire_policy": "fire_once"}, rule, now=NOW)
     assert not late_one_off_fires({**definition, "misfire_policy": "skip"}, rule, now=NOW)
+
+
+# --- calendars ------------------------------------------------------------------------------------------------
+
+
+def test_excluded_fires_are_left_out_and_the_cursor_stops_within_the_horizon_of_a_long_exclusion():
+    """Inside a week-long excluded range the walk writes nothing and leaves the cursor on the rhythm's first fire
+    past the horizon, never at the range's end: a change to the calendar applies to every fire not yet written."""
+    week = Exclusions(ranges=((datetime(2026, 12, 1, 12, 2, tzinfo=UTC), datetime(2026, 12, 8, tzinfo=UTC)),))
+
+    plan = plan_schedule(due(exclusions=week), now=NOW, horizon=HORIZON)
+
+    assert [o.scheduled_for.minute for o in plan.occurrences] == [1]
+    assert plan.new_cursor == datetime(2026, 12, 1, 12, 3, tzinfo=UTC)
+
+
+def test_a_one_off_on_an_excluded_date_plans_nothing_and_ends():
+    christmas = Exclusions(dates=frozenset({date(2026, 12, 1)}))
+    run_at = datetime(2026, 12, 1, 12, 1, tzinfo=UTC)
+
+    plan = plan_schedule(
+        due(kind="once", cron=None, run_at=run_at, next_run_at=run_at, exclusions=christmas), now=NOW, horizon=HORIZON
+    )
+
+    assert plan.occurrences == [] and plan.completed
+
+
+def test_the_batch_puts_each_rows_calendars_in_place_of_their_names():
+    """The scan's row carries calendar names; _plan plans with the batch's Exclusions of that tenant's names."""
+    week = Exclusions(ranges=((datetime(2026, 12, 1, tzinfo=UTC), datetime(2026, 12, 8, tzinfo=UTC)),))
+    named, plain = due(exclusions=["shutdown"]), due(id=uuid.uuid4())
+    rows = [(*schedule, 0, "(0,1)", str(schedule.id)) for schedule in (named, plain)]
+
+    plans = Materializer("unit", horizon_seconds=HORIZON.total_seconds())._plan(rows, NOW, {(1, ("shutdown",)): week})
+
+    assert [len(plan.occurrences) for plan in plans] == [0, 2]
+    assert plans[0].schedule.exclusions is week

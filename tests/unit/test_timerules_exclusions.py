@@ -149,3 +149,53 @@ def test_stored_contents_parse_and_merge_as_one_exclusion() -> None:
 
     assert merged == Exclusions(frozenset({date(2026, 12, 25)}), ((utc(2026, 12, 31, 22), utc(2027, 1, 1, 6)),))
     assert not Exclusions.merged([]) and not ExclusionHistory()
+
+
+def certainly_excluded(fire: datetime, zone: str, history: ExclusionHistory) -> bool:
+    """The definition of `certain`: some content's span holds the fire, and every such content excludes it."""
+    holding = [ex for since, until, ex in history.spans if since <= fire and (until is None or fire < until)]
+    return bool(holding) and all(excluded(fire, zone, ex) for ex in holding)
+
+
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cron_expressions(), st.sampled_from(ZONES), st.data())
+def test_the_certain_history_excludes_exactly_what_every_content_in_force_excludes(expr, zone, data):
+    after = data.draw(instants_near_transitions(zone))
+    history = data.draw(histories_near(after, zone)).certain()
+    reference = ref_fires_after(expr, zone, after, 60, "skip", "first")
+    rule = TimeRule(kind="cron", timezone=zone, cron=expr, exclusions=history)
+    expected = [fire for fire in reference if not certainly_excluded(fire, zone, history)]
+    horizon = reference[-1] if reference else after
+
+    got = list(itertools.takewhile(lambda fire: fire <= horizon, rule.iter_after(after)))
+
+    assert got == expected
+
+
+def test_overlapping_ranges_are_joined_and_a_run_of_dates_is_one_step() -> None:
+    exclusions = Exclusions(
+        frozenset(date(2027, 1, 1) + timedelta(days=n) for n in range(3000)),
+        ((utc(2026, 1, 1, 3), utc(2026, 1, 1, 5)), (utc(2026, 1, 1, 1), utc(2026, 1, 1, 4))),
+    )
+    zone = ZoneInfo("UTC")
+
+    assert exclusions.ranges == ((utc(2026, 1, 1, 1), utc(2026, 1, 1, 5)),)
+    assert exclusions == Exclusions(exclusions.dates, tuple(reversed(exclusions.ranges))) and hash(exclusions)
+    assert exclusions.skip_to(utc(2026, 1, 1, 4, 30), zone) == utc(2026, 1, 1, 5) - timedelta(microseconds=1)
+    resume = exclusions.skip_to(utc(2027, 1, 1, 9), zone)
+    assert resume == utc(2027, 1, 1) + timedelta(days=3000) - timedelta(microseconds=1)
+
+
+def test_the_certain_history_looks_again_where_another_content_begins() -> None:
+    # The range is excluded while only the first content speaks; from 12:00 a second one (excluding nothing) has its
+    # say too, so 12:00 and 13:00 are no longer certainly excluded.
+    upgrade = Exclusions(ranges=((utc(2026, 1, 1, 10), utc(2026, 1, 1, 14)),))
+    history = ExclusionHistory(((utc(2026, 1, 1), None, upgrade), (utc(2026, 1, 1, 12), None, Exclusions())))
+    rule = TimeRule(kind="cron", cron="0 * * * *", exclusions=history.certain())
+
+    assert rule.fires_between(utc(2026, 1, 1, 9), utc(2026, 1, 1, 15)) == [
+        utc(2026, 1, 1, 9),
+        utc(2026, 1, 1, 12),
+        utc(2026, 1, 1, 13),
+        utc(2026, 1, 1, 14),
+    ]

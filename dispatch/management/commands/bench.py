@@ -46,6 +46,13 @@ class Command(BaseCommand):
         burst.add_argument("--materializers", type=int, default=1)
         burst.add_argument("--relays", type=int, default=1)
         burst.add_argument("--idle", type=int, default=0, help="extra schedules that never fall due in the run")
+        burst.add_argument(
+            "--calendar-dates",
+            type=int,
+            default=0,
+            help="give each tenant a holiday calendar of this many dates (none on the run's day) and have every due "
+            "schedule name it: the materializer's calendar path at full load",
+        )
         burst.add_argument("--deadline", type=float, default=120.0, help="seconds after T0 before giving up")
         burst.add_argument("--keep", action="store_true", help="keep the bench rows for inspection")
         burst.add_argument(
@@ -152,7 +159,10 @@ class Command(BaseCommand):
             lags_out=str(options["lags_out"]) if options["lags_out"] else None,
             queue_type=options["queue_type"],
             horizon_seconds=horizon_option(options),
+            calendar_dates=options["calendar_dates"],
         )
+        if not 0 <= config.calendar_dates <= 5000:
+            raise CommandError("--calendar-dates must be between 0 and 5000 (a calendar's most)")
         try:
             result = BurstBenchmark(config, out=self.stdout).run()
         except BenchRefused as exc:
