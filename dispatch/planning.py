@@ -67,23 +67,14 @@ class DueSchedule(NamedTuple):
 
     @property
     def rule(self) -> TimeRule:
-        return _time_rule(
-            self.kind,
-            self.timezone,
-            self.cron,
-            self.run_at,
-            self.every_seconds,
-            self.anchor_at,
-            self.dst_gap,
-            self.dst_repeat,
-            self.start_at,
-            self.end_at,
-            self.exclusions,
-        )
+        return self._rule_with(self.exclusions)
 
     @property
     def rhythm(self) -> TimeRule:
         """The rule without the calendars: what the cursor follows (walk_fires)."""
+        return self._rule_with(None)
+
+    def _rule_with(self, exclusions: ExclusionsLike | None) -> TimeRule:
         return _time_rule(
             self.kind,
             self.timezone,
@@ -95,7 +86,7 @@ class DueSchedule(NamedTuple):
             self.dst_repeat,
             self.start_at,
             self.end_at,
-            None,
+            exclusions,
         )
 
 
