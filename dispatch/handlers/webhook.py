@@ -17,7 +17,6 @@ changes between the check and the connect (rebinding) cannot reach an address th
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import json
 import logging
 import socket
@@ -28,6 +27,7 @@ from django.conf import settings
 
 from dispatch.errors import CanceledError, PermanentError, TransientError
 from dispatch.handlers import handler
+from dispatch.handlers.addresses import refused_address
 from dispatch.handlers.http_call import Budget, CallCanceled, DeadlinePassed, request
 from dispatch.identity import utc_key
 
@@ -43,15 +43,6 @@ RETRYABLE_4XX = frozenset({408, 429})
 ERROR_BODY_BYTES = 500
 
 
-def _forbidden(address: str) -> bool:
-    """Loopback, private, link-local (169.254.169.254 and friends), shared, multicast or reserved: not the public
-    internet a tenant may address."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return not ip.is_global or ip.is_multicast
-
-
 def _checked_address(url: str) -> str:
     """The address to connect to for `url`, after the private-address rule; raises for a refused target."""
     parts = urlsplit(url)
@@ -63,7 +54,7 @@ def _checked_address(url: str) -> str:
         raise TransientError(f"cannot resolve {host}: {exc}") from exc
     addresses = [str(info[4][0]) for info in infos]
     if not settings.SCHEDULER_WEBHOOK_ALLOW_PRIVATE:
-        refused = [address for address in addresses if _forbidden(address)]
+        refused = [address for address in addresses if refused_address(address)]
         if refused:
             # Every address is checked, not only the first: a name with one public and one private answer is refused.
             raise PermanentError(
