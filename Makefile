@@ -42,6 +42,10 @@ database: install services
 migrate: database
 	$(BIN)/python manage.py migrate --noinput -v 0
 
+# The demo's /metrics answers its bearer token only (printed with the URLs): it names every tenant. Set
+# SCHEDULER_METRICS_TOKEN to keep one across runs; otherwise each run makes one.
+DEMO_METRICS_TOKEN := $(or $(SCHEDULER_METRICS_TOKEN),$(shell od -An -N16 -tx1 /dev/urandom | tr -d ' \n'))
+demo: export SCHEDULER_METRICS_TOKEN = $(DEMO_METRICS_TOKEN)
 demo: migrate
 	$(BIN)/python manage.py collectstatic --noinput -v 0
 	$(BIN)/python manage.py provision_demo --port $(PORT)

@@ -271,6 +271,9 @@ LOGGING = {
     "loggers": {name: {"level": "WARNING"} for name in ("django.db.backends", "aio_pika", "aiormq")},
 }
 
+# When set, /metrics answers only a scrape with `Authorization: Bearer <token>` (or a superuser's console session):
+# it names every tenant and its activity. Unset, it is open (a private network's Prometheus).
+SCHEDULER_METRICS_TOKEN = env_str("SCHEDULER_METRICS_TOKEN", "")
 # Hosts that serve the operator console, /metrics and /healthz (the public schema).
 SCHEDULER_PUBLIC_HOSTS = env_list("SCHEDULER_PUBLIC_HOSTS", ["localhost", "127.0.0.1"])
 

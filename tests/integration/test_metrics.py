@@ -346,3 +346,20 @@ def test_checkpoints_by_cause_follow_the_server_and_a_requested_one_is_counted()
             break
         time.sleep(0.1)
     assert after >= before + 1
+
+
+def test_with_a_metrics_token_only_its_bearer_or_a_superuser_session_reads_metrics(db, settings, operator):
+    """/metrics names every tenant and its activity: with SCHEDULER_METRICS_TOKEN set, a scrape without the token
+    (or with another) is a 401 that says what to send."""
+    settings.SCHEDULER_METRICS_TOKEN = "s3cret-metrics-token"
+    client = Client(HTTP_HOST="localhost")
+
+    refused = client.get("/metrics")
+    assert refused.status_code == 401 and refused["WWW-Authenticate"].startswith("Bearer")
+    assert "scheduler_" not in refused.content.decode()
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Token s3cret-metrics-token").status_code == 401
+    answered = client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-metrics-token")
+    assert answered.status_code == 200 and "scheduler_" in answered.content.decode()
+    client.force_login(operator)
+    assert client.get("/metrics").status_code == 200, "the console's Metrics link, for a superuser"

@@ -7,6 +7,7 @@ import os
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
@@ -180,6 +181,11 @@ class Command(BaseCommand):
             f"  Operator console : http://localhost:{port}/admin/",
             f"  Operator login   : user {OPERATOR_USERNAME!r}, password {password!r}",
             f"  Metrics / health : http://localhost:{port}/metrics   http://localhost:{port}/healthz",
+            *(
+                [f"  Metrics token    : Authorization: Bearer {settings.SCHEDULER_METRICS_TOKEN}"]
+                if settings.SCHEDULER_METRICS_TOKEN
+                else []
+            ),
             f"  Tenant API       : {base}/api/v1/schedules/   ({created} schedules created now, two tenants)",
             f"  API docs         : {base}/api/v1/docs/",
             f"  API token        : {demo.token}",
