@@ -7,6 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
 from scheduler_project.env import env_bool, env_float, env_int, env_list, env_rate, env_str
@@ -89,6 +90,8 @@ MIDDLEWARE = [
     "scheduler_project.middleware.NulCharacterMiddleware",
     "tenants.middleware.TenantHostMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Content-Security-Policy on every answer (CONTENT_SECURITY_POLICY below).
+    "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -269,6 +272,27 @@ LOGGING = {
     # The AMQP clients log every frame at DEBUG: at SCHEDULER_LOG_LEVEL=DEBUG a relay wrote ~30 lines a publish,
     # burying the product's own lines and slowing the loop it was meant to explain.
     "loggers": {name: {"level": "WARNING"} for name in ("django.db.backends", "aio_pika", "aiormq")},
+}
+
+# Content-Security-Policy (django-csp): the console, the API docs and every other page load scripts, styles, images
+# and fonts from this host only, send forms and requests to it only, and may not be framed. No inline script
+# anywhere (the API docs' start-up script is a file of its own: SpectacularSwaggerSplitView). Inline style
+# attributes are allowed (style-src-attr): the console's templates set widths with them, and a style attribute
+# cannot run code; style elements must come from this host.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "style-src-attr": [UNSAFE_INLINE],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
 }
 
 # When set, /metrics answers only a scrape with `Authorization: Bearer <token>` (or a superuser's console session):

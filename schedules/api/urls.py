@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import SimpleRouter
 
 from schedules.api.calendars import CalendarViewSet
@@ -18,7 +18,7 @@ urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]), name="schema"),
     path(
         "docs/",
-        SpectacularSwaggerView.as_view(url_name="schema", authentication_classes=[], permission_classes=[]),
+        SpectacularSwaggerSplitView.as_view(url_name="schema", authentication_classes=[], permission_classes=[]),
         name="docs",
     ),
     path("", include(router.urls)),

@@ -55,8 +55,16 @@ def page(browser) -> Iterator:
             outside.append(request.url) if not request.url.startswith(("http://localhost", "data:", "about:")) else None
         ),
     )
+    # Nor may anything the pages do be refused by their Content-Security-Policy (a console that quietly lost a
+    # script or a style would pass every other check).
+    refused: list[str] = []
+    page.on(
+        "console",
+        lambda message: refused.append(message.text) if "Content Security Policy" in message.text else None,
+    )
     try:
         yield page
     finally:
         context.close()
     assert outside == [], f"the console loaded {outside} from outside the machine"
+    assert refused == [], f"the Content-Security-Policy refused: {refused}"

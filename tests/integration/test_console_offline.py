@@ -24,3 +24,24 @@ def test_the_api_docs_load_every_asset_from_this_machine(api_a):
     assert any("swagger-ui" in asset for asset in assets), assets
     for asset in assets:
         assert api_a.get(asset).status_code == 200, asset
+
+
+def test_the_console_and_the_api_docs_carry_a_content_security_policy_without_inline_code(api_a, console):
+    """Scripts, styles, fonts and requests from this host only, no framing; the docs page keeps no inline script or
+    style element (its start-up script is a file of its own, and is served as JavaScript)."""
+    docs = api_a.get("/api/v1/docs/")
+    for response in (docs, console.get("/admin/"), console.get("/admin/schedules/schedule/")):
+        policy = dict(
+            directive.strip().split(" ", 1)
+            for directive in response["Content-Security-Policy"].split(";")
+            if directive.strip()
+        )
+        assert policy["script-src"] == "'self'" and policy["style-src"] == "'self'", policy
+        assert policy["frame-ancestors"] == "'none'" and policy["object-src"] == "'none'", policy
+    html = docs.content.decode()
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), "an inline script"
+    assert "<style" not in html, "an inline style element"
+    start_up = re.search(r'<script src="(/api/v1/docs/\?[^"]*script[^"]*)"', html).group(1).replace("&amp;", "&")
+    script = api_a.get(start_up)
+    assert script.status_code == 200 and script["Content-Type"].startswith("application/javascript")
+    assert "SwaggerUIBundle" in script.content.decode()
