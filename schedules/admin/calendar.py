@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from core.choices import ScheduleState
+from schedules.admin.formatting import format_utc
 from schedules.models import Calendar, Schedule
 from tenants.filters import TenantFilter
 
@@ -20,14 +21,14 @@ SHOWN = 400
 
 @admin.register(Calendar)
 class CalendarAdmin(admin.ModelAdmin):
-    list_display = ("tenant", "name", "description", "date_count", "range_count", "revision", "updated_at")
+    list_display = ("tenant", "name", "date_count", "range_count", "revision", "updated")
     list_display_links = ("name",)
     list_filter = (TenantFilter,)
     list_select_related = ("tenant",)
     search_fields = ("name", "=tenant__slug")
     search_help_text = "Name (contains) or tenant slug (exact)."
     show_facets = admin.ShowFacets.NEVER
-    fields = ("tenant", "name", "description", "revision", "updated_at", "used_by", "date_list", "range_list")
+    fields = ("tenant", "name", "description", "revision", "updated", "used_by", "date_list", "range_list")
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -50,6 +51,10 @@ class CalendarAdmin(admin.ModelAdmin):
     def range_count(self, calendar: Calendar) -> int:
         return len(calendar.ranges)
 
+    @admin.display(description="updated", ordering="updated_at")
+    def updated(self, calendar: Calendar) -> str:
+        return format_utc(calendar.updated_at)
+
     @admin.display(description="used by")
     def used_by(self, calendar: Calendar) -> str:
         live = Schedule.objects.filter(
@@ -61,7 +66,8 @@ class CalendarAdmin(admin.ModelAdmin):
         if not count:
             return "No active or paused schedule names it."
         url = f"{reverse('admin:schedules_schedule_changelist')}?tenant__id__exact={calendar.tenant_id}"
-        return format_html('{} active or paused schedules (<a href="{}">the tenant\'s schedules</a>)', count, url)
+        noun = "schedule" if count == 1 else "schedules"
+        return format_html('{} active or paused {} (<a href="{}">the tenant\'s schedules</a>)', count, noun, url)
 
     @admin.display(description="dates (local date of each schedule)")
     def date_list(self, calendar: Calendar) -> str:

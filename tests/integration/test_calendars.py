@@ -484,7 +484,7 @@ def test_operators_read_every_tenants_calendars_and_what_names_them(console, ten
     for shown in Calendar.objects.all():
         assert f'href="/admin/schedules/calendar/{shown.pk}/change/' in listing
     page = console.get(f"/admin/schedules/calendar/{calendar.pk}/change/").content.decode()
-    assert "2026-12-25" in page and "1 active or paused schedules" in page
+    assert "2026-12-25" in page and "1 active or paused schedule (" in page
     assert console.get("/admin/schedules/calendar/add/").status_code == 403
 
 

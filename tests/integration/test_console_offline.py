@@ -38,9 +38,12 @@ def test_the_console_and_the_api_docs_carry_a_content_security_policy_without_in
         )
         assert policy["script-src"] == "'self'" and policy["style-src"] == "'self'", policy
         assert policy["frame-ancestors"] == "'none'" and policy["object-src"] == "'none'", policy
+    pages = {"docs": docs, "dashboard": console.get("/admin/"), "list": console.get("/admin/schedules/schedule/")}
+    for name, page in pages.items():
+        html = page.content.decode()
+        assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), f"an inline script on the {name} page"
+        assert "<style" not in html, f"an inline style element on the {name} page"
     html = docs.content.decode()
-    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), "an inline script"
-    assert "<style" not in html, "an inline style element"
     start_up = re.search(r'<script src="(/api/v1/docs/\?[^"]*script[^"]*)"', html).group(1).replace("&amp;", "&")
     script = api_a.get(start_up)
     assert script.status_code == 200 and script["Content-Type"].startswith("application/javascript")
