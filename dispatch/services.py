@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dispatch.backfill import BackfillResult, backfill_schedule
 from dispatch.errors import BackfillRefused, ReconcileInputError, ReplayRefused
-from dispatch.handlers import is_registered, registered_names
+from dispatch.handlers import is_registered, payload_problems, registered_names
 from dispatch.occurrences import (
     EndedWork,
     InFlight,
@@ -47,6 +47,7 @@ __all__ = [
     "is_registered",
     "late_one_off_fires",
     "materialize_owed_fires",
+    "payload_problems",
     "pending_fires",
     "record_missed_fire",
     "registered_names",

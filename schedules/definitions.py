@@ -13,7 +13,7 @@ from core.choices import DstGap, DstRepeat, Kind, Lane, MisfirePolicy, OverlapPo
 from core.cron_syntax import TimeRuleError, normalize_cron
 from core.exclusions import Exclusions
 from core.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, TimeRule, parse_timezone
-from dispatch.services import is_registered, registered_names
+from dispatch.services import is_registered, payload_problems, registered_names
 from schedules.calendar_names import MAX_CALENDARS_PER_SCHEDULE, NAME_PATTERN, NAME_RULE
 from schedules.errors import ScheduleInvalid
 from schedules.json_input import storable_json
@@ -174,6 +174,11 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
             errors.setdefault("payload", []).append(
                 "Contains U+0000 or an unpaired surrogate (U+D800-U+DFFF), which PostgreSQL cannot store."
             )
+        elif handler and is_registered(handler):
+            # What the handler could never run is refused now, not when it fires (a webhook without a usable URL).
+            problems = payload_problems(handler, payload)
+            if problems:
+                errors.setdefault("payload", []).extend(problems)
 
     name = definition.get("name")
     if isinstance(name, str) and len(name) > 200:

@@ -17,8 +17,10 @@ changes between the check and the connect (rebinding) cannot reach an address th
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import logging
+import re
 import socket
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,7 +38,26 @@ logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_SECONDS = 10.0
 MAX_TIMEOUT_SECONDS = 60.0
 # Payload keys that configure the call rather than travel in it.
-CONTROL_KEYS = ("url", "timeout_seconds")
+CONTROL_KEYS = ("url", "timeout_seconds", "method", "headers")
+METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET")
+# Methods whose request carries the JSON body.
+METHODS_WITH_BODY = ("POST", "PUT", "PATCH")
+# Headers a payload may not set: the connection's own, and the ones the platform signs and keys each call with.
+RESERVED_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+    }
+)
+MAX_HEADERS = 50
+MAX_HEADER_VALUE = 8192
+# An HTTP header name (RFC 9110 token).
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # 408 and 429 are the receiver asking to come back later; every other 4xx will fail the same way again.
 RETRYABLE_4XX = frozenset({408, 429})
 # Enough of an error response to tell what went wrong.
@@ -52,6 +73,9 @@ def _checked_address(url: str) -> str:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise TransientError(f"cannot resolve {host}: {exc}") from exc
+    except UnicodeError as exc:
+        # A label over 63 characters: no answer will ever come, so no retry.
+        raise PermanentError(f"payload.url host {host[:80]!r} is not a valid host name: {exc}") from None
     addresses = [str(info[4][0]) for info in infos]
     if not settings.SCHEDULER_WEBHOOK_ALLOW_PRIVATE:
         refused = [address for address in addresses if refused_address(address)]
@@ -64,13 +88,89 @@ def _checked_address(url: str) -> str:
     return addresses[0]
 
 
-@handler("webhook")
+def payload_problems(payload: dict[str, Any]) -> list[str]:
+    """What would make every call of this payload fail, found before the schedule is saved: a URL that is missing,
+    not http(s), with credentials, with a host name that cannot be one, or a refused address written as a literal;
+    an unknown method; a header that is reserved or malformed; a timeout that is not a positive number."""
+    problems = _url_problems(payload.get("url"))
+    method = payload.get("method", "POST")
+    if method not in METHODS:
+        problems.append(f"payload.method must be one of {', '.join(METHODS)}.")
+    problems += _header_problems(payload.get("headers", {}))
+    timeout = payload.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf"):
+        problems.append(
+            f"payload.timeout_seconds must be a number of seconds above 0 (at most {MAX_TIMEOUT_SECONDS:g} apply)."
+        )
+    return problems
+
+
+def _url_problems(url: Any) -> list[str]:
+    if not isinstance(url, str) or not url:
+        return ["payload.url is required: the http or https URL to call."]
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return [f"payload.url must be an http or https URL with a host, got {_shown(url)!r}."]
+    if parts.username is not None or parts.password is not None:
+        return ["payload.url must not carry credentials: send them in payload.headers (e.g. Authorization)."]
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError as exc:
+        return [f"payload.url has a bad port: {exc}."]
+    host = parts.hostname
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        return [f"payload.url host {host[:80]!r} is not a valid host name (each label at most 63 characters)."]
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        return []
+    if not settings.SCHEDULER_WEBHOOK_ALLOW_PRIVATE and refused_address(str(literal)):
+        return [f"payload.url {host} is a loopback, private, link-local or reserved address."]
+    return []
+
+
+def _header_problems(headers: Any) -> list[str]:
+    if not isinstance(headers, dict):
+        return ["payload.headers must be an object of header names to text values."]
+    if len(headers) > MAX_HEADERS:
+        return [f"payload.headers holds at most {MAX_HEADERS} headers."]
+    problems = []
+    for name, value in headers.items():
+        if not HEADER_NAME.fullmatch(name):
+            problems.append(f"payload.headers name {name[:60]!r} is not a header name.")
+        elif name.lower() in RESERVED_HEADERS:
+            problems.append(f"payload.headers may not set {name}: the platform sets it on every call.")
+        elif not isinstance(value, str) or len(value) > MAX_HEADER_VALUE or any(c in value for c in "\r\n\0"):
+            problems.append(f"payload.headers {name} must be text of at most {MAX_HEADER_VALUE} characters, one line.")
+    return problems
+
+
+def _shown(url: str) -> str:
+    """The URL as logs and messages show it: without credentials, query or fragment (tokens travel there)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"[:200]
+
+
+@handler("webhook", payload_check=payload_problems)
 def webhook(context: Any) -> None:
-    """POST payload["body"] (or the payload without its control keys) to payload["url"]."""
+    """Call payload["url"] with payload["method"] (POST) and payload["headers"], sending payload["body"] (or the
+    payload without its control keys) as JSON."""
     payload = context.payload or {}
-    url = _target(payload.get("url"))
+    problems = payload_problems(payload)
+    if problems:
+        # Saved before the check existed, or changed under it: no call can succeed.
+        raise PermanentError(problems[0])
+    url, method = payload["url"], payload.get("method", "POST")
+    shown = f"{method} {_shown(url)}"
     body = payload["body"] if "body" in payload else {k: v for k, v in payload.items() if k not in CONTROL_KEYS}
-    timeout = _timeout(payload.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS))
+    timeout = min(float(payload.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)), MAX_TIMEOUT_SECONDS)
     seconds_left = getattr(context, "seconds_left", None)
     if seconds_left is not None:
         timeout = max(0.1, min(timeout, seconds_left()))
@@ -84,67 +184,52 @@ def webhook(context: Any) -> None:
             host=parts.hostname or "",
             port=parts.port or (443 if parts.scheme == "https" else 80),
             address=_checked_address(url),
-            method="POST",
+            method=method,
             target=(parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
-            body=json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(),
+            body=json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+            if method in METHODS_WITH_BODY
+            else b"",
             headers={
                 "Content-Type": "application/json",
+                "User-Agent": "scheduler-webhook/1",
+                # The payload's own (an Authorization, say) may replace the two above, never the keys below.
+                **payload.get("headers", {}),
                 "Idempotency-Key": str(context.occurrence_id),
                 "X-Scheduled-For": utc_key(context.scheduled_for),
                 "X-Attempt": str(context.attempt),
-                "User-Agent": "scheduler-webhook/1",
             },
             budget=budget,
             keep_body=ERROR_BODY_BYTES,
         )
     except DeadlinePassed:
         raise TransientError(
-            f"POST {url} timed out: no complete answer within {timeout:.1f} s (timeout_seconds, the whole call)"
+            f"{shown} timed out: no complete answer within {timeout:.1f} s (timeout_seconds, the whole call)"
         ) from None
     except CallCanceled:
-        raise CanceledError(f"POST {url} canceled after {budget.elapsed():.1f} s by the worker") from None
+        raise CanceledError(f"{shown} canceled after {budget.elapsed():.1f} s by the worker") from None
     except http.client.HTTPException as exc:
         # A status line or headers malformed, or the connection closed before the answer was whole.
         problem = f"{type(exc).__name__}: {exc}"
-        raise TransientError(f"POST {url} failed: incomplete or malformed answer ({problem})") from exc
+        raise TransientError(f"{shown} failed: incomplete or malformed answer ({problem})") from exc
     except OSError as exc:
         # Connection refused or reset, a TLS failure.
-        raise TransientError(f"POST {url} failed: {exc}") from exc
-    _raise_for_status(url, answer.status, answer.body_head, answer.headers.get("Retry-After"))
+        raise TransientError(f"{shown} failed: {exc}") from exc
+    _raise_for_status(shown, answer.status, answer.body_head, answer.headers.get("Retry-After"))
     logger.info(
         "webhook %s answered %d for occurrence %s",
-        url,
+        shown,
         answer.status,
         context.occurrence_id,
         extra={"action": "webhook", "occurrence_id": str(context.occurrence_id)},
     )
 
 
-def _target(url: Any) -> str:
-    if not isinstance(url, str) or not url:
-        raise PermanentError("payload.url is required")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise PermanentError(f"payload.url must be an http or https URL, got {url[:200]!r}")
-    try:
-        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
-    except ValueError as exc:
-        raise PermanentError(f"payload.url has a bad port: {exc}") from None
-    return url
-
-
-def _timeout(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0 or value != value:
-        raise PermanentError(f"payload.timeout_seconds must be a positive number, got {value!r}")
-    return min(float(value), MAX_TIMEOUT_SECONDS)
-
-
-def _raise_for_status(url: str, status: int, body_head: bytes, retry_after: str | None) -> None:
+def _raise_for_status(shown: str, status: int, body_head: bytes, retry_after: str | None) -> None:
     """2xx is the success; redirects are not followed (a redirected POST would go wherever the target points)."""
     if 200 <= status < 300:
         return
     detail = body_head.decode(errors="replace")
-    message = f"POST {url} answered {status}: {detail}".strip()
+    message = f"{shown} answered {status}: {detail}".strip()
     if status >= 500 or status in RETRYABLE_4XX:
         raise TransientError(message, retry_after=_retry_after(retry_after))
     raise PermanentError(message)

@@ -98,7 +98,8 @@ def demo_schedules(now: Any) -> list[dict[str, Any]]:
             "cron": "*/2 * * * *",
             "timezone": "UTC",
             "handler": "webhook",
-            "payload": {"url": "http://127.0.0.1:9/hooks/crm"},
+            # A name that never resolves (.invalid): each fire fails, and the DLQ shows what a dead fire looks like.
+            "payload": {"url": "http://crm.invalid/hooks/crm"},
             "max_attempts": 1,
         },
         {
