@@ -172,15 +172,13 @@ WHITENOISE_USE_FINDERS = True
 # Request bodies above this are refused before parsing (413); the payload field has its own 64 KiB rule.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 256 * 1024
 
-# Shared by every process: the API throttle counters must agree across gunicorn workers, or each worker would grant
-# the full rate again. The database is the one shared store every deployment has (no extra service for
-# `make demo`); the table is created by schedules migration 0004, in the public schema, and is UNLOGGED.
+# Django's cache, shared by every process through the database (the one shared store every deployment has); the
+# table is created by schedules migration 0004, in the public schema, and is UNLOGGED. Nothing on the request path
+# uses it: the API's request counters have a table of their own (schedules/api/throttles.py).
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.db.DatabaseCache",
         "LOCATION": "scheduler_cache",
-        # Entries expire with their throttle window, so the table holds roughly one key per client active in the
-        # last minute; every write counts the rows, so the bound is kept modest. Culling only forgets counts.
         "OPTIONS": {"MAX_ENTRIES": 20_000},
     }
 }

@@ -3,17 +3,20 @@ token that never reaches a tenant's or a token's budget. Every refusal is a 429 
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.cache import cache, caches
-from django.core.cache.backends.db import DatabaseCache
 from django.db import connection
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django_tenants.utils import schema_context
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from schedules.api.throttles import TokenRateThrottle
 from tests.conftest import api_client_for
 
 SCHEDULES = "/api/v1/schedules/"
@@ -31,9 +34,9 @@ def rates(**scopes: str) -> override_settings:
 
 @pytest.fixture(autouse=True)
 def _fresh_counters(db):
-    cache.clear()
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM api_rate_counter")
     yield
-    cache.clear()
 
 
 def anonymous(host: str) -> APIClient:
@@ -54,10 +57,46 @@ def assert_throttled(response) -> None:
     assert 1 <= int(response.headers["Retry-After"]) <= 60
 
 
-def test_throttle_counters_live_in_a_cache_every_web_process_shares(db):
-    assert isinstance(caches["default"], DatabaseCache)
-    cache.set("probe", 1)
-    assert cache.get("probe") == 1
+def test_a_request_spends_one_statement_on_its_budgets_and_every_web_process_sees_the_count(api_a):
+    """The token's and the tenant's counts are rows of api_rate_counter (PostgreSQL), one upsert each."""
+    with CaptureQueriesContext(connection) as queries:
+        assert api_a.get(SCHEDULES).status_code == 200
+
+    counted = [q["sql"] for q in queries.captured_queries if "api_rate_counter" in q["sql"]]
+    assert len(counted) == 2 and not [q for q in queries.captured_queries if "scheduler_cache" in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT key, count FROM api_rate_counter ORDER BY key")
+        rows = cursor.fetchall()
+    assert [key.split(":")[0] for key, _ in rows] == ["tenant", "token"] and {count for _, count in rows} == {1}
+
+
+class Probe(TokenRateThrottle):
+    """The token budget under one fixed key, for requests without a request."""
+
+    def get_cache_key(self, request, view):
+        return self.key_for("probe")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_parallel_requests_never_pass_a_budget_together():
+    """150 requests at once against a budget of 50: exactly 50 pass (DRF's read-then-write let 94 through)."""
+    barrier = threading.Barrier(30)
+
+    def spend(_: int) -> list[bool]:
+        barrier.wait()
+        try:
+            return [Probe().allow_request(None, None) for _ in range(5)]
+        finally:
+            connection.close()
+
+    try:
+        with rates(token="50/min"), ThreadPoolExecutor(max_workers=30) as pool:
+            passed = sum(sum(results) for results in pool.map(spend, range(30)))
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM api_rate_counter")
+
+    assert passed == 50
 
 
 def test_anonymous_floods_never_make_a_valid_tokens_request_429(api_a, tenant_a):
