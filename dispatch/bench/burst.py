@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -37,6 +36,7 @@ from dispatch.bench.rows import (
     SCHEDULE_COLUMNS,
     UNTHROTTLED,
     BenchRefused,
+    name_holiday_calendars,
     schedule_row,
 )
 from dispatch.queues import with_crowds
@@ -67,10 +67,6 @@ class BurstConfig:
     horizon_seconds: float | None = None
     # Dates of a holiday calendar each tenant gets and every due schedule names (0: none), from the day after T0.
     calendar_dates: int = 0
-
-
-# The holiday calendar of each tenant under --calendar-dates.
-BENCH_CALENDAR = "bench-holidays"
 
 
 class BurstBenchmark(BurstMeasurements):
@@ -239,7 +235,8 @@ class BurstBenchmark(BurstMeasurements):
                     if n % 10000 == 0:
                         bar.update(min(10000, total - bar.n))
             if due and self.config.calendar_dates:
-                self.name_calendars(wrapper, tenants, fire_at)
+                first = fire_at.date() + timedelta(days=1)
+                name_holiday_calendars(wrapper, [t.id for t in tenants], first, self.config.calendar_dates)
             # Their cursors, as Schedule.save() would have written them, in one statement: the schedules of exactly
             # the tenants just written (a subclass calls this once per tenant; another tenant's cursors exist).
             wrapper.execute(
@@ -251,28 +248,6 @@ class BurstBenchmark(BurstMeasurements):
                 [fire_at, [t.id for t in tenants], "bench-due-%" if due else "bench-idle-%"],
             )
             bar.update(total - bar.n)
-
-    def name_calendars(self, cursor, tenants: list[Tenant], fire_at: datetime) -> None:
-        """A calendar per tenant, as the API would have written it (with its first revision), of
-        `calendar_dates` days from the day after the burst, named by each of the tenant's due schedules."""
-        first = fire_at.date() + timedelta(days=1)
-        dates = json.dumps([(first + timedelta(days=n)).isoformat() for n in range(self.config.calendar_dates)])
-        for tenant in tenants:
-            cursor.execute(
-                "INSERT INTO schedules_calendar (tenant_id, name, dates, ranges, description, revision, created_at,"
-                " updated_at) VALUES (%s, %s, %s, '[]', '', 1, now(), now())",
-                [tenant.id, BENCH_CALENDAR, dates],
-            )
-            cursor.execute(
-                "INSERT INTO schedules_calendarrevision (tenant_id, name, revision, dates, ranges, valid_from)"
-                " VALUES (%s, %s, 1, %s, '[]', now())",
-                [tenant.id, BENCH_CALENDAR, dates],
-            )
-        cursor.execute(
-            "UPDATE schedules_schedule SET exclude_calendars = %s"
-            " WHERE tenant_id = ANY(%s) AND name LIKE 'bench-due-%%'",
-            [[BENCH_CALENDAR], [t.id for t in tenants]],
-        )
 
     def stored_idle(self) -> int:
         with connection.cursor() as cursor:
@@ -427,6 +402,7 @@ class BurstBenchmark(BurstMeasurements):
             "materializers": config.materializers,
             "relays": config.relays,
             "queue_type": config.queue_type,
+            "calendar_dates": config.calendar_dates,
             "horizon_s": self.horizon,
             **stats,
             "lost": config.schedules - stats["enqueued"],

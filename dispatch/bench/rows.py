@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import uuid
-from datetime import datetime
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -82,3 +83,32 @@ def schedule_row(
 
 class BenchRefused(Exception):
     """The benchmark would disturb real work; the message says what to do instead."""
+
+
+# The holiday calendar each bench tenant gets under `bench burst --calendar-dates`.
+BENCH_CALENDAR = "bench-holidays"
+
+
+def name_holiday_calendars(cursor: Any, tenant_ids: list[int], first: date, count: int) -> None:
+    """A calendar per tenant of `count` days from `first`, as the API would have written it (with its first
+    revision), named by each of the tenant's due schedules (before their cursors are written from them)."""
+    dates = json.dumps([(first + timedelta(days=n)).isoformat() for n in range(count)])
+    # An earlier run's, where its tenants were kept (--keep-idle).
+    cursor.execute(
+        "DELETE FROM schedules_calendar WHERE tenant_id = ANY(%s) AND name = %s", [tenant_ids, BENCH_CALENDAR]
+    )
+    for tenant_id in tenant_ids:
+        cursor.execute(
+            "INSERT INTO schedules_calendar (tenant_id, name, dates, ranges, description, revision, created_at,"
+            " updated_at) VALUES (%s, %s, %s, '[]', '', 1, now(), now())",
+            [tenant_id, BENCH_CALENDAR, dates],
+        )
+        cursor.execute(
+            "INSERT INTO schedules_calendarrevision (tenant_id, name, revision, dates, ranges, valid_from)"
+            " VALUES (%s, %s, 1, %s, '[]', now())",
+            [tenant_id, BENCH_CALENDAR, dates],
+        )
+    cursor.execute(
+        "UPDATE schedules_schedule SET exclude_calendars = %s WHERE tenant_id = ANY(%s) AND name LIKE 'bench-due-%%'",
+        [[BENCH_CALENDAR], tenant_ids],
+    )

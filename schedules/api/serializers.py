@@ -311,6 +311,14 @@ class PreviewQuerySerializer(serializers.Serializer):
     after = AwareDateTimeField(required=False)
     count = serializers.IntegerField(required=False, min_value=1, max_value=MAX_PREVIEW_COUNT, default=10)
 
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        # DRF reads an empty query value of an optional field as absent: `?after=` would preview from now, as
+        # if the client had not asked for an instant it did name (empty). Refused as what it is.
+        empty = [name for name in ("after", "count") if hasattr(data, "get") and data.get(name) == ""]
+        if empty:
+            raise serializers.ValidationError({name: ["Give a value, or leave the parameter out."] for name in empty})
+        return super().to_internal_value(data)
+
 
 class ScheduleSerializer(serializers.ModelSerializer):
     run_at = AwareDateTimeField(allow_null=True)

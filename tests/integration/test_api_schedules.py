@@ -532,6 +532,17 @@ def test_preview_with_more_than_100_fires_answers_400(api_a, cron_body):
     assert "count" in response.json()
 
 
+@pytest.mark.parametrize("name", ["after", "count"])
+def test_preview_with_an_empty_parameter_answers_400_naming_it(api_a, cron_body, name):
+    """`?after=` previewed from now as if no instant were named; a client that sent one meant something."""
+    created = create(api_a, cron_body)
+
+    response = api_a.get(url(created, "preview/") + f"?{name}=")
+
+    assert response.status_code == 400, response.content
+    assert name in response.json()
+
+
 def test_preview_accepts_exactly_100_fires(api_a, cron_body):
     created = create(api_a, cron_body)
 

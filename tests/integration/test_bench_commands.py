@@ -42,7 +42,11 @@ TINY = ("--horizon", "2", "--deadline", "90")
 # Where --lags-out writes (a fresh directory per test session: the module-scoped runs share it).
 LAGS_DIR = Path(tempfile.mkdtemp(prefix="bench-lags-"))
 BENCHES: dict[str, tuple[str, ...]] = {
-    "burst": ("burst", "--schedules", "300", "--tenants", "3", "--lags-out", str(LAGS_DIR / "burst.txt"), *TINY),
+    # Every schedule names a calendar (of days after the run): the materializer's calendar path end to end.
+    "burst": (
+        *("burst", "--schedules", "300", "--tenants", "3", "--calendar-dates", "3"),
+        *("--lags-out", str(LAGS_DIR / "burst.txt"), *TINY),
+    ),
     "drain": ("drain", "--occurrences", "300", "--workers", "1", "--concurrency", "2", *TINY),
     "fairness": ("fairness", "--big", "300", "--small", "30", *TINY),
     "steady": ("steady", "--rate", "20", "--tenants", "10", "--minutes", "0.5", "--horizon", "10"),
@@ -173,6 +177,7 @@ def test_the_benchmark_runs_and_its_json_line_has_the_promised_keys(bench_runs, 
 
 def test_burst_went_through_a_real_materializer_and_relay_to_the_broker(bench_runs):
     result = bench_runs["burst"].result()
+    assert result["calendar_dates"] == 3
     assert result["schedules"] == result["enqueued"] == 300
     assert result["lost_on_broker"] == 0 and result["duplicates"] == 0, bench_runs["burst"].log[-3000:]
     assert result["broker_messages"] >= 2  # 300 fires in messages of at most 250, read back from the queue
