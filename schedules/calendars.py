@@ -167,7 +167,7 @@ def delete_calendar(calendar: Calendar, *, actor: str, now: datetime | None = No
     stays: older versions of schedules name it, and reconcile judges their fires by it."""
     with transaction.atomic():
         calendar = _locked(calendar)
-        users = list(_schedules_naming(calendar.tenant_id, calendar.name).values_list("name", flat=True)[:5])
+        users = list(schedules_naming(calendar.tenant_id, calendar.name).values_list("name", flat=True)[:5])
         if users:
             raise StateConflict(
                 f"Calendar {calendar.name!r} is in use by schedules {', '.join(map(repr, users))}"
@@ -213,7 +213,8 @@ def _locked(calendar: Calendar) -> Calendar:
     return locked
 
 
-def _schedules_naming(tenant_id: int, name: str):
+def schedules_naming(tenant_id: int, name: str):
+    """The active or paused schedules of the tenant that name calendar `name`: what keeps it from being deleted."""
     return Schedule.objects.filter(
         tenant_id=tenant_id,
         state__in=[ScheduleState.ACTIVE, ScheduleState.PAUSED],

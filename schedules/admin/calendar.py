@@ -10,9 +10,9 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from core.choices import ScheduleState
 from schedules.admin.formatting import format_utc
-from schedules.models import Calendar, Schedule
+from schedules.calendars import schedules_naming
+from schedules.models import Calendar
 from tenants.filters import TenantFilter
 
 # Dates and ranges listed on a calendar's page; a longer calendar says how many more it has.
@@ -57,12 +57,7 @@ class CalendarAdmin(admin.ModelAdmin):
 
     @admin.display(description="used by")
     def used_by(self, calendar: Calendar) -> str:
-        live = Schedule.objects.filter(
-            tenant_id=calendar.tenant_id,
-            state__in=[ScheduleState.ACTIVE, ScheduleState.PAUSED],
-            exclude_calendars__contains=[calendar.name],
-        )
-        count = live.count()
+        count = schedules_naming(calendar.tenant_id, calendar.name).count()
         if not count:
             return "No active or paused schedule names it."
         url = f"{reverse('admin:schedules_schedule_changelist')}?tenant__id__exact={calendar.tenant_id}"
