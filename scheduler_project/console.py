@@ -43,6 +43,11 @@ EXACT_COUNT_LIMIT = 100_000
 # --- counting big tables ----------------------------------------------------------------------------------
 
 
+def operator_actor(request: HttpRequest) -> str:
+    """Who acted, as versions and logs name an operator (tenant tokens are 'tenant:<slug>/token:…')."""
+    return f"operator:{request.user.get_username()}"
+
+
 def estimated_table_rows(queryset: QuerySet) -> int:
     """The planner's row estimate for the whole table (and its partitions, should it be partitioned).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -73,7 +74,9 @@ SHARED_APPS = [
 TENANT_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.auth",
+    # Holds no keys since credentials migration 0002 moved them to digests; kept so that migration can read them.
     "rest_framework.authtoken",
+    "tenants.credentials",
 ]
 INSTALLED_APPS = SHARED_APPS + [app for app in TENANT_APPS if app not in SHARED_APPS]
 
@@ -198,9 +201,30 @@ SCHEDULER_API_ANON_RATE = env_rate("SCHEDULER_API_ANON_RATE", "300/min")
 # throttles and the admin login lockout (scheduler_project/client_address.py).
 SCHEDULER_NUM_PROXIES = env_int("SCHEDULER_NUM_PROXIES", 0, minimum=0, maximum=10)
 
+# Keys that seal secrets at rest (core/sealing.py): Fernet keys, comma-separated; the first seals, all unseal.
+# Unset: one derived from SECRET_KEY, which `check --deploy` flags (a database copy and SECRET_KEY together
+# would then open the secrets). Make one with:
+#   python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"
+SCHEDULER_ENCRYPTION_KEYS = env_list("SCHEDULER_ENCRYPTION_KEYS", [])
+for _key in SCHEDULER_ENCRYPTION_KEYS:
+    try:
+        if len(base64.urlsafe_b64decode(_key.encode())) != 32:
+            raise ValueError
+    except ValueError:
+        raise ImproperlyConfigured(
+            "SCHEDULER_ENCRYPTION_KEYS holds a value that is not a Fernet key (32 bytes, URL-safe base64)."
+        ) from None
+
+# API tokens (tenants.credentials): the lifetime of one issued without expires_at, and the longest any may have.
+SCHEDULER_TOKEN_DEFAULT_DAYS = env_int("SCHEDULER_TOKEN_DEFAULT_DAYS", 90, minimum=1, maximum=3650)
+SCHEDULER_TOKEN_MAX_DAYS = env_int("SCHEDULER_TOKEN_MAX_DAYS", 365, minimum=SCHEDULER_TOKEN_DEFAULT_DAYS, maximum=3650)
+
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.TokenAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["tenants.credentials.authentication.DigestTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        "tenants.credentials.authentication.TokenScopePermission",
+    ],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": env_int("SCHEDULER_API_PAGE_SIZE", 50, minimum=1, maximum=1000),
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
@@ -235,6 +259,7 @@ SPECTACULAR_SETTINGS = {
     # One name per set of choices, wherever it appears (input, output, filters): no hash-suffixed names.
     "ENUM_NAME_OVERRIDES": {
         "KindEnum": "core.choices.Kind",
+        "TokenScopeEnum": "tenants.credentials.models.TokenScope",
         "LaneEnum": "core.choices.Lane",
         "MisfirePolicyEnum": "core.choices.MisfirePolicy",
         "OverlapPolicyEnum": "core.choices.OverlapPolicy",

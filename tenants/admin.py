@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from dispatch import services as dispatch_services
-from scheduler_project.console import SafeActionSelectionMixin
+from scheduler_project.console import SafeActionSelectionMixin, operator_actor
 from tenants import services as tenant_services
 from tenants.admin_token import TenantTokenMixin
 from tenants.deletion import delete_tenant
@@ -212,7 +212,7 @@ class TenantAdmin(TenantTokenMixin, SafeActionSelectionMixin, admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: Tenant) -> None:
         """Through the service: pending occurrences canceled with the reason, envelopes and engine rows cleared, the
         schema (users, tokens) dropped."""
-        deleted = delete_tenant(obj, actor=f"operator:{request.user.get_username()}")
+        deleted = delete_tenant(obj, actor=operator_actor(request))
         messages.info(
             request,
             f"Tenant {deleted.slug} deleted: {deleted.occurrences_canceled} pending occurrences canceled, "

@@ -1,29 +1,38 @@
-"""A tenant's API token in the console: shown on request, rotated with POST + CSRF, each use in Recent actions.
+"""A tenant's credentials in the console: API tokens listed without keys, issued (the key shown once, in the answer
+to that POST) and revoked; the webhook signing secret's dates and its rotation (the secret itself is the tenant's,
+read through its API). Every change is a POST + CSRF and in Recent actions.
 
-Tokens live in the tenant's own schema (tenants.services); the public host's console reaches them only through
-those services. A key is written into a page only in the response to the POST that asked for it (never a message,
-which would store it in the session, never a cached page).
+Tokens live in the tenant's own schema, as digests (tenants.credentials.tokens); the public host's console reaches
+them only through those services. A key is written into a page only in the response to the POST that issued it
+(never a message, which would store it in the session, never a cached page).
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 
-from scheduler_project.console import log_changes
+from core.clock import db_now
+from scheduler_project.console import log_changes, operator_actor
+from tenants.credentials.models import TokenScope
+from tenants.credentials.tokens import TokenInvalid, TokenLimitReached, issue_token, revoke_token, tokens_of
 from tenants.models import Tenant
-from tenants.services import api_token, rotate_api_token
+from tenants.signing import rotate_secret, secret_state
+
+# The lifetimes the console offers, in days (the API takes any instant up to SCHEDULER_TOKEN_MAX_DAYS).
+LIFETIMES = (7, 30, 90, 365)
 
 
 class TenantTokenMixin:
-    """The token page of a tenant (…/<id>/token/) and the change form's link to it."""
+    """The token page of a tenant (…/<id>/token/) and the change form's line about it."""
 
     admin_site: Any
     opts: Any
@@ -39,21 +48,55 @@ class TenantTokenMixin:
         if tenant.pk is None or tenant.is_public:
             return "—"
         url = reverse("admin:tenants_tenant_token", args=[tenant.pk])
-        token = api_token(tenant)
-        if token is None:
-            return format_html('None yet. <a href="{}">Create one&hellip;</a>', url)
+        count = len(tokens_of(tenant))
         return format_html(
-            'User "{}", key {} (created {} UTC). <a href="{}">Show or rotate&hellip;</a>',
-            token.username,
-            token.hint,
-            f"{token.created:%Y-%m-%d %H:%M}",
-            url,
+            '{} token{}. <a href="{}">List, issue or revoke&hellip;</a>', count, "" if count == 1 else "s", url
         )
 
-    api_token.short_description = "API token"  # type: ignore[attr-defined]
+    api_token.short_description = "API tokens"  # type: ignore[attr-defined]
+
+    def _issue(self, request: HttpRequest, tenant: Tenant) -> str | None:
+        try:
+            days = int(request.POST.get("days", ""))
+        except ValueError:
+            days = 0
+        if days not in LIFETIMES:
+            messages.error(request, f"Choose a lifetime of {', '.join(map(str, LIFETIMES))} days.")
+            return None
+        now = db_now()
+        try:
+            issued = issue_token(
+                tenant,
+                name=request.POST.get("name", "").strip(),
+                scope=request.POST.get("scope", ""),
+                actor=operator_actor(request),
+                now=now,
+                expires_at=now + timedelta(days=days),
+            )
+        except TokenInvalid as exc:
+            messages.error(request, " ".join(f"{field}: {' '.join(texts)}" for field, texts in exc.errors.items()))
+            return None
+        except TokenLimitReached as exc:
+            messages.error(request, exc.message)
+            return None
+        log_changes(
+            request, [(tenant, f"Issued API token {issued.token.name!r} ({issued.token.scope}, #{issued.token.pk}).")]
+        )
+        return issued.key
+
+    def _revoke(self, request: HttpRequest, tenant: Tenant) -> None:
+        try:
+            token_id = int(request.POST.get("token", ""))
+        except ValueError:
+            token_id = 0
+        if revoke_token(tenant, token_id, actor=operator_actor(request)):
+            log_changes(request, [(tenant, f"Revoked API token #{token_id}: its key no longer authenticates.")])
+            messages.success(request, f"Token #{token_id} revoked: its key no longer authenticates.")
+        else:
+            messages.error(request, "That token does not exist (already revoked?).")
 
     def token_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """GET: the token's user, age and hint. POST op=reveal: the key; op=rotate: a new key, the old one dead."""
+        """GET: the tokens (no keys). POST op=issue: a new token, its key in this answer only; op=revoke: gone."""
         tenant = self.get_object(request, object_id)  # type: ignore[attr-defined]
         if tenant is None:
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)  # type: ignore[attr-defined]
@@ -63,23 +106,22 @@ class TenantTokenMixin:
             return HttpResponseRedirect(change_url)
         if not self.has_view_permission(request, tenant):  # type: ignore[attr-defined]
             raise PermissionDenied
-        shown_key, rotated = None, False
+        can_change = self.has_change_permission(request, tenant)  # type: ignore[attr-defined]
+        shown_key = None
         if request.method == "POST":
-            if not self.has_change_permission(request, tenant):  # type: ignore[attr-defined]
+            if not can_change:
                 raise PermissionDenied
             operation = request.POST.get("op")
-            try:
-                if operation == "rotate":
-                    shown_key, rotated = rotate_api_token(tenant).key, True
-                    log_changes(request, [(tenant, "Rotated the API token: the old key no longer authenticates.")])
-                elif operation == "reveal":
-                    current = api_token(tenant)
-                    shown_key = current.key if current else None
-                    log_changes(request, [(tenant, "Showed the API token.")])
-                else:
-                    messages.error(request, "Choose to show or to rotate the token.")
-            except ValidationError as exc:
-                messages.error(request, " ".join(exc.messages))
+            if operation == "issue":
+                shown_key = self._issue(request, tenant)
+            elif operation == "revoke":
+                self._revoke(request, tenant)
+            elif operation == "rotate_secret":
+                rotate_secret(tenant, actor=operator_actor(request), now=db_now())
+                log_changes(request, [(tenant, "Rotated the webhook signing secret (the old one signs for 24 h).")])
+                messages.success(request, "Webhook secret rotated: calls carry both signatures for 24 hours.")
+            else:
+                messages.error(request, "Choose to issue or to revoke a token, or to rotate the webhook secret.")
         response = TemplateResponse(
             request,
             "admin/tenants/tenant/token.html",
@@ -87,15 +129,18 @@ class TenantTokenMixin:
                 **self.admin_site.each_context(request),
                 "opts": self.opts,
                 "original": tenant,
-                "title": f"API token of {tenant.slug}",
+                "title": f"API tokens of {tenant.slug}",
                 "change_url": change_url,
-                "token": api_token(tenant),
+                "tokens": tokens_of(tenant),
+                "webhook_secret": secret_state(tenant, now=db_now()),
+                "now": db_now(),
                 "shown_key": shown_key,
-                "rotated": rotated,
-                "can_change": self.has_change_permission(request, tenant),  # type: ignore[attr-defined]
+                "scopes": TokenScope.choices,
+                "lifetimes": LIFETIMES,
+                "can_change": can_change,
                 "domain": tenant.domains.filter(is_primary=True).values_list("domain", flat=True).first(),
             },
         )
-        # The key is in this page: no browser or proxy may keep a copy.
+        # A key may be in this page: no browser or proxy may keep a copy.
         add_never_cache_headers(response)
         return response

@@ -107,3 +107,19 @@ class Domain(DomainMixin):
 
     def __str__(self) -> str:
         return self.domain
+
+
+class WebhookSecret(models.Model):
+    """The tenant's key for signing webhook calls (Standard Webhooks), sealed at rest (core/sealing.py). After a
+    rotation the previous key still signs until `previous_until`, so receivers can switch without a gap."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, primary_key=True, related_name="webhook_secret")
+    current = models.TextField(help_text="The secret ('whsec_' + base64 key), sealed.")
+    previous = models.TextField(blank=True, default="", help_text="The secret before the last rotation, sealed.")
+    previous_until = models.DateTimeField(null=True, blank=True, help_text="Calls carry both signatures until then.")
+    created_at = models.DateTimeField()
+    rotated_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"webhook secret of tenant {self.tenant_id}"
+

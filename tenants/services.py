@@ -1,4 +1,4 @@
-"""Provisioning of tenants (schema, host name, API user and token, created or reused idempotently) and their
+"""Provisioning of tenants (schema, host name, created or reused idempotently, and a new API token each time) and their
 deletion, which ends their pending work first."""
 
 from __future__ import annotations
@@ -6,18 +6,21 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import timedelta
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.db.models.expressions import RawSQL
-from django_tenants.utils import schema_context
 
+from core.clock import db_now
+from tenants.credentials.models import TokenScope
+from tenants.credentials.tokens import issue_token
 from tenants.models import Domain, Tenant, schema_name_for, validate_slug
 
 logger = logging.getLogger(__name__)
 
-API_USERNAME = "api"
+PROVISIONED_TOKEN_NAME = "provisioned"
 HOST_PATTERN = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
 QUOTA_FIELDS = (
     "max_schedules",
@@ -44,7 +47,8 @@ class Provisioned:
 
 
 def provision_tenant(slug: str, *, domain: str, name: str | None = None, **quotas: int | None) -> Provisioned:
-    """Create the tenant (schema, domain, API user, token) or reuse it; quotas given are applied either way."""
+    """Create the tenant (schema, domain) or reuse it, and issue it a write token; quotas given are applied
+    either way."""
     validate_slug(slug)
     domain = domain.strip().lower()
     if not HOST_PATTERN.match(domain):
@@ -91,67 +95,18 @@ def provision_tenant(slug: str, *, domain: str, name: str | None = None, **quota
         if owner is None:
             is_primary = not Domain.objects.filter(tenant=tenant).exists()
             Domain.objects.create(domain=domain, tenant=tenant, is_primary=is_primary)
-    token = ensure_api_token(tenant)
+    # Keys are stored as digests only, so each run issues a new one (shown once, in the result); earlier keys
+    # keep working until they end or are revoked.
+    token = issue_token(
+        tenant,
+        name=PROVISIONED_TOKEN_NAME,
+        scope=TokenScope.WRITE,
+        actor="provision_tenant",
+        now=(now := db_now()),
+        expires_at=now + timedelta(days=settings.SCHEDULER_TOKEN_MAX_DAYS),
+    ).key
     logger.info("provisioned tenant %s (created=%s)", slug, created, extra={"action": "provision_tenant"})
     return Provisioned(tenant=tenant, domain=domain, token=token, created=created)
-
-
-@dataclass(frozen=True)
-class ApiToken:
-    """A tenant's API token as read from its own schema."""
-
-    username: str
-    key: str
-    created: datetime
-
-    @property
-    def hint(self) -> str:
-        """Enough to tell two tokens apart, too little to use: the console shows the key itself only once."""
-        return f"{self.key[:4]}…{self.key[-2:]}"
-
-
-def _refuse_public(tenant: Tenant) -> None:
-    if tenant.is_public:
-        raise ValidationError("The platform's public tenant serves the console, not the API: it has no API token.")
-
-
-def api_token(tenant: Tenant, username: str = API_USERNAME) -> ApiToken | None:
-    """The API user's current token, or None when the tenant has none yet (created in the console, say)."""
-    from rest_framework.authtoken.models import Token
-
-    _refuse_public(tenant)
-    with schema_context(tenant.schema_name):
-        token = Token.objects.select_related("user").filter(user__username=username).first()
-        if token is None:
-            return None
-        return ApiToken(username=username, key=token.key, created=token.created)
-
-
-def rotate_api_token(tenant: Tenant, username: str = API_USERNAME) -> ApiToken:
-    """Replace the API user's token with a new one (creating the user if need be); the old key stops working at
-    once. In the tenant's own schema, like every token, so it authenticates nowhere else."""
-    from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
-
-    _refuse_public(tenant)
-    with schema_context(tenant.schema_name), transaction.atomic():
-        user, _ = get_user_model().objects.get_or_create(username=username)
-        Token.objects.filter(user=user).delete()
-        token = Token.objects.create(user=user)
-        rotated = ApiToken(username=username, key=token.key, created=token.created)
-    logger.warning("rotated the API token of tenant %s", tenant.slug, extra={"action": "rotate_api_token"})
-    return rotated
-
-
-def ensure_api_token(tenant: Tenant, username: str = API_USERNAME) -> str:
-    """The API user's token, in the tenant's own schema, so it authenticates nowhere else."""
-    from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
-
-    with schema_context(tenant.schema_name):
-        user, _ = get_user_model().objects.get_or_create(username=username)
-        token, _ = Token.objects.get_or_create(user=user)
-        return token.key
 
 
 def schedules_held(tenant_id: int) -> int:

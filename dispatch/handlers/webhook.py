@@ -1,7 +1,9 @@
-"""The built-in `webhook` handler: POST the payload as JSON, keyed for the receiver's deduplication.
+"""The built-in `webhook` handler: POST the payload as JSON, keyed for the receiver's deduplication and signed.
 
 The receiver gets `Idempotency-Key: <occurrence_id>`, the same on every retry, failover and replay: at-least-once
 delivery becomes one business effect only where the receiver deduplicates on it (docs/ARCHITECTURE.md rule 5).
+Every call is signed with the tenant's secret in the Standard Webhooks format (core/webhook_signatures.py), whose
+`webhook-id` is that same occurrence_id.
 
 `timeout_seconds` is a deadline for the whole call (connect, sending, the status line, the headers and the body),
 and the worker's cancel event ends a call in flight at once (dispatch/handlers/http_call.py). A call that did not
@@ -22,16 +24,21 @@ import json
 import logging
 import re
 import socket
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.db import connection
 
+from core.sealing import seal, unseal
+from core.webhook_signatures import key_of, new_secret, signature
 from dispatch.errors import CanceledError, PermanentError, TransientError
 from dispatch.handlers import handler
 from dispatch.handlers.addresses import refused_address
 from dispatch.handlers.http_call import Budget, CallCanceled, DeadlinePassed, request
 from dispatch.identity import utc_key
+from dispatch.sql.control_plane import MAKE_WEBHOOK_SECRET, WEBHOOK_SIGNING_SECRETS
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +185,7 @@ def webhook(context: Any) -> None:
         raise CanceledError("canceled before the request was sent")
     budget = Budget(timeout, context.cancel_event)
     parts = urlsplit(url)
+    raw = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() if method in METHODS_WITH_BODY else b""
     try:
         answer = request(
             scheme=parts.scheme,
@@ -186,9 +194,7 @@ def webhook(context: Any) -> None:
             address=_checked_address(url),
             method=method,
             target=(parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
-            body=json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-            if method in METHODS_WITH_BODY
-            else b"",
+            body=raw,
             headers={
                 "Content-Type": "application/json",
                 "User-Agent": "scheduler-webhook/1",
@@ -197,6 +203,7 @@ def webhook(context: Any) -> None:
                 "Idempotency-Key": str(context.occurrence_id),
                 "X-Scheduled-For": utc_key(context.scheduled_for),
                 "X-Attempt": str(context.attempt),
+                **signed_headers(context.tenant_id, str(context.occurrence_id), raw),
             },
             budget=budget,
             keep_body=ERROR_BODY_BYTES,
@@ -222,6 +229,30 @@ def webhook(context: Any) -> None:
         context.occurrence_id,
         extra={"action": "webhook", "occurrence_id": str(context.occurrence_id)},
     )
+
+
+def signing_keys(tenant_id: int) -> list[bytes]:
+    """The keys that sign a call of this tenant now: one, or two during a rotation's overlap."""
+    with connection.cursor() as cursor:
+        cursor.execute(WEBHOOK_SIGNING_SECRETS, {"tenant_id": tenant_id})
+        row = cursor.fetchone()
+        if row is None:
+            cursor.execute(MAKE_WEBHOOK_SECRET, {"tenant_id": tenant_id, "sealed": seal(new_secret())})
+            cursor.execute(WEBHOOK_SIGNING_SECRETS, {"tenant_id": tenant_id})
+            row = cursor.fetchone()
+    return [key_of(unseal(sealed)) for sealed in row if sealed]
+
+
+def signed_headers(tenant_id: int, message_id: str, raw: bytes) -> dict[str, str]:
+    """The Standard Webhooks headers of one call (core/webhook_signatures.py): the timestamp is this attempt's, by
+    the wall clock, since receivers compare it with theirs."""
+    timestamp = int(time.time())
+    keys = signing_keys(tenant_id)
+    return {
+        "webhook-id": message_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": signature(keys, message_id, timestamp, raw),
+    }
 
 
 def _raise_for_status(shown: str, status: int, body_head: bytes, retry_after: str | None) -> None:

@@ -56,3 +56,16 @@ TENANT_SCHEDULE_IDS = "SELECT id FROM schedules_schedule WHERE tenant_id = %(ten
 
 # The catch-up budget of each of these tenants (a backfill's fires are paced on it like any catch-up).
 TENANT_CATCHUP_RATES = "SELECT id, max_catchup_per_minute FROM tenants_tenant WHERE id = ANY(%(tenant_ids)s::bigint[])"
+
+# The keys that sign a tenant's webhook calls now (tenants/signing.py keeps them), judged by PostgreSQL's clock: the
+# current secret, then the previous one while its rotation overlap lasts. Both sealed (core/sealing.py).
+WEBHOOK_SIGNING_SECRETS = """
+SELECT current, CASE WHEN previous_until > now() THEN previous ELSE '' END
+FROM tenants_webhooksecret WHERE tenant_id = %(tenant_id)s
+"""
+# A tenant's first secret, made by its first webhook call if nothing made it before (the first maker wins).
+MAKE_WEBHOOK_SECRET = """
+INSERT INTO tenants_webhooksecret (tenant_id, current, previous, created_at)
+VALUES (%(tenant_id)s, %(sealed)s, '', now())
+ON CONFLICT (tenant_id) DO NOTHING
+"""

@@ -23,6 +23,7 @@ from django.utils.html import format_html
 
 from core.choices import ScheduleState
 from dispatch.services import BackfillRefused, ReconcileInputError, backfill_schedule
+from scheduler_project.console import operator_actor
 from schedules.admin.formatting import format_utc
 from schedules.admin.forms import BackfillForm, OperationForm, PauseForm
 from schedules.admin.preview import preview_json
@@ -34,10 +35,6 @@ from schedules.services import CancelResult, cancel_schedule, pause_schedule, re
 # A backfill from the console runs inside the web request; beyond this many fires `manage.py backfill` (its own
 # process, its own cap) is the tool. The refusal says so.
 CONSOLE_BACKFILL_MAX_FIRES = 10_000
-
-
-def operator_actor(request: HttpRequest) -> str:
-    return f"operator:{request.user.get_username()}"
 
 
 @dataclass(frozen=True)

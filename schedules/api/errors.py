@@ -12,10 +12,11 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from dispatch.services import ReplayRefused
 from schedules.api.throttles import unauthenticated_wait
 from schedules.errors import Gone, QuotaExceeded, ScheduleInvalid, StateConflict
+from tenants.credentials.tokens import TokenInvalid, TokenLimitReached
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    if isinstance(exc, ScheduleInvalid):
+    if isinstance(exc, ScheduleInvalid | TokenInvalid):
         return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, Gone):
         return Response({"detail": exc.message}, status=status.HTTP_404_NOT_FOUND)
@@ -24,7 +25,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, ReplayRefused):
         # The data plane's own refusal: the occurrence is not dead, or its schedule is canceled.
         return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
-    if isinstance(exc, QuotaExceeded):
+    if isinstance(exc, QuotaExceeded | TokenLimitReached):
         return Response(
             {"detail": exc.message},
             status=status.HTTP_429_TOO_MANY_REQUESTS,

@@ -13,7 +13,11 @@ import copy
 from datetime import timedelta
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
+from drf_spectacular.extensions import (
+    OpenApiAuthenticationExtension,
+    OpenApiSerializerExtension,
+    OpenApiSerializerFieldExtension,
+)
 from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
@@ -397,3 +401,30 @@ class CalendarRangeExtension(CalendarInputExtension):
         schema = super().map_serializer(auto_schema, direction)
         schema["description"] = "A range of instants [start, end): end after start."
         return schema
+
+
+class TokenInputExtension(OpenApiSerializerExtension):
+    """A new token's body: no other keys (an unknown one is a 400 naming it)."""
+
+    target_class = "schedules.api.credentials.TokenInputSerializer"
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        _text_rules(self.target, schema)
+        schema["additionalProperties"] = False
+        return schema
+
+
+class TokenAuthenticationScheme(OpenApiAuthenticationExtension):
+    """`Authorization: Token <key>` in the schema (tenants/credentials/authentication.py)."""
+
+    target_class = "tenants.credentials.authentication.DigestTokenAuthentication"
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
+            "description": "'Token ' and the key (docs/API.md, \"Tokens\"). A read token may GET and preview only.",
+        }

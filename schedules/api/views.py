@@ -96,6 +96,8 @@ class ScheduleViewSet(
     serializer_class = ScheduleSerializer
     filterset_class = ScheduleFilter
     parser_classes = PARSERS
+    # Previews change nothing: a read token may ask for them.
+    read_scope_actions = ("preview_unsaved",)
 
     def get_queryset(self):
         # The next pending fire of each listed schedule in the same query (one index probe per row), not one

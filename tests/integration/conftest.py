@@ -7,6 +7,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from dispatch import reconcile as reconcile_module
+from tests.integration.webhook_target import target, webhook_occurrence  # noqa: F401 - fixtures of the webhook tests
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from dispatch.models import Attempt, Occurrence, OccurrenceState
 from dispatch.stuck import stuck_pages
 from schedules.models import Schedule, ScheduleVersion
 from schedules.services import cancel_schedule, create_schedule, pause_schedule
+from tenants.credentials.tokens import digest_of, tokens_of
 from tests.conftest import api_client_for, mark_completed, move_cursor, occurrence_for
 from tests.integration.support import form_data
 
@@ -838,52 +839,78 @@ def test_bulk_replay_replays_the_dead_and_names_what_it_refused(console, make):
     assert all(len(entries_for(o)) == 1 for o in dead) and entries_for(fine) == []
 
 
-# --- the tenant's API token ---------------------------------------------------------------------------------------
+# --- the tenant's API tokens --------------------------------------------------------------------------------------
 
 
 def token_url(tenant) -> str:
     return f"/admin/tenants/tenant/{tenant.pk}/token/"
 
 
-def test_the_tenant_page_shows_which_token_exists_without_its_key(console, tenant_a):
+def test_the_token_page_lists_tokens_without_their_keys(console, tenant_a):
     page = html_of(console.get(f"/admin/tenants/tenant/{tenant_a.tenant.pk}/change/"))
     token_page = console.get(token_url(tenant_a.tenant))
 
-    assert f"{tenant_a.token[:4]}…" in page and tenant_a.token not in page
-    assert tenant_a.token not in html_of(token_page)
+    assert "List, issue or revoke" in page and tenant_a.token not in page
+    assert f"{tenant_a.token[:8]}…" in html_of(token_page) and tenant_a.token not in html_of(token_page)
     assert "no-store" in token_page["Cache-Control"] or "no-cache" in token_page["Cache-Control"]
 
 
-def test_rotating_the_token_needs_a_post_with_csrf(operator, tenant_a):
+def test_issuing_a_token_needs_a_post_with_csrf(operator, tenant_a):
     strict = Client(HTTP_HOST="localhost", enforce_csrf_checks=True)
     strict.force_login(operator)
+    before = len(tokens_of(tenant_a.tenant))
 
-    assert strict.post(token_url(tenant_a.tenant), {"op": "rotate"}).status_code == 403
-    assert api_client_for(tenant_a).get("/api/v1/schedules/").status_code == 200
-
-
-def test_rotating_the_token_shows_the_new_key_once_and_the_old_key_stops_working(console, operator, tenant_a):
-    old = tenant_a.token
-
-    page = html_of(console.post(token_url(tenant_a.tenant), {"op": "rotate"}))
-    new = re.search(r'<code id="api-token-key"[^>]*>([0-9a-f]{40})</code>', page).group(1)
-
-    assert new != old and "shown this once" in page
-    assert api_client_for(tenant_a, old).get("/api/v1/schedules/").status_code == 401
-    assert api_client_for(tenant_a, new).get("/api/v1/schedules/").status_code == 200
-    assert new not in html_of(console.get(token_url(tenant_a.tenant)))
-    entry = LogEntry.objects.get(user=operator, object_id=str(tenant_a.tenant.pk))
-    assert "Rotated the API token" in entry.change_message
-    assert new not in entry.change_message
-
-
-def test_showing_the_key_is_a_post_and_is_logged(console, operator, tenant_a):
-    page = html_of(console.post(token_url(tenant_a.tenant), {"op": "reveal"}))
-
-    assert tenant_a.token in page
     assert (
-        LogEntry.objects.get(user=operator, object_id=str(tenant_a.tenant.pk)).change_message == "Showed the API token."
+        strict.post(token_url(tenant_a.tenant), {"op": "issue", "name": "x", "scope": "read", "days": "7"}).status_code
+        == 403
     )
+    assert len(tokens_of(tenant_a.tenant)) == before
+
+
+def test_an_issued_key_is_shown_once_works_within_its_scope_and_is_logged(console, operator, tenant_a, cron_body):
+    page = html_of(
+        console.post(token_url(tenant_a.tenant), {"op": "issue", "name": "dashboards", "scope": "read", "days": "30"})
+    )
+    key = re.search(r'<code id="api-token-key"[^>]*>(sch_[A-Za-z0-9_-]{43})</code>', page).group(1)
+
+    assert "shown this once" in page
+    reader = api_client_for(tenant_a, key)
+    assert reader.get("/api/v1/schedules/").status_code == 200
+    assert reader.post("/api/v1/schedules/", cron_body, format="json").status_code == 403
+    assert key not in html_of(console.get(token_url(tenant_a.tenant)))
+    entry = LogEntry.objects.get(user=operator, object_id=str(tenant_a.tenant.pk))
+    assert "Issued API token 'dashboards' (read" in entry.change_message and key not in entry.change_message
+    issued = next(token for token in tokens_of(tenant_a.tenant) if token.name == "dashboards")
+    assert (
+        29 <= (issued.expires_at - issued.created_at).days <= 30
+        and issued.created_by == f"operator:{operator.username}"
+    )
+
+
+def test_revoking_a_token_in_the_console_makes_its_key_answer_401(console, operator, tenant_a):
+    token_id = next(token.pk for token in tokens_of(tenant_a.tenant) if token.digest == digest_of(tenant_a.token))
+
+    console.post(token_url(tenant_a.tenant), {"op": "revoke", "token": str(token_id)})
+
+    assert api_client_for(tenant_a).get("/api/v1/schedules/").status_code == 401
+    assert "Revoked API token" in LogEntry.objects.get(user=operator, object_id=str(tenant_a.tenant.pk)).change_message
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        {"name": "", "scope": "read", "days": "7"},
+        {"name": "x", "scope": "root", "days": "7"},
+        {"name": "x", "scope": "read", "days": "9999"},
+    ],
+)
+def test_a_wrong_token_form_is_a_message_not_a_token(console, tenant_a, form):
+    before = len(tokens_of(tenant_a.tenant))
+
+    response = console.post(token_url(tenant_a.tenant), {"op": "issue", **form}, follow=True)
+
+    assert response.status_code == 200 and len(tokens_of(tenant_a.tenant)) == before
+    assert "api-token-key" not in html_of(response)
 
 
 def test_the_public_tenant_has_no_token_to_show(console, tenants):
@@ -894,3 +921,16 @@ def test_the_public_tenant_has_no_token_to_show(console, tenants):
     response = console.get(token_url(public), follow=True)
 
     assert any("no token" in text for text in texts(response))
+
+
+def test_rotating_the_webhook_secret_in_the_console_keeps_the_old_one_signing_for_a_day(
+    console, operator, api_a, tenant_a
+):
+    old = api_a.get("/api/v1/webhook-secret/").json()["secret"]
+
+    page = html_of(console.post(token_url(tenant_a.tenant), {"op": "rotate_secret"}))
+
+    state = api_a.get("/api/v1/webhook-secret/").json()
+    assert state["secret"] != old and state["previous_valid_until"] is not None
+    assert old not in page and state["secret"] not in page and "previous secret" in page
+    assert "Rotated the webhook signing secret" in LogEntry.objects.get(user=operator).change_message

@@ -179,7 +179,7 @@ def test_create_stores_all_given_options(api_a, cron_body):
     assert {key: body[key] for key in options} == options
     stored = Schedule.objects.get(pk=body["id"])
     assert stored.payload == options["payload"]
-    assert stored.created_by == "tenant:acme/api"
+    assert stored.created_by.startswith("tenant:acme/token:provisioned#")
 
 
 def test_create_with_the_same_idempotency_key_and_body_returns_the_first_schedule_with_200(api_a, cron_body):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import schemathesis
@@ -107,8 +107,9 @@ FUZZ_CALENDAR = "fuzz-holidays"
 
 
 def within_the_rules_a_schema_cannot_state(case) -> None:
-    """Calendars the tenant has, ranges that run forward, and a webhook payload the webhook could call (a URL,
-    checked on create: dispatch/handlers/webhook.py payload_problems); any other handler runs any payload."""
+    """Calendars the tenant has, ranges that run forward, a token's end in the future, and a webhook payload the
+    webhook could call (a URL, checked on create: dispatch/handlers/webhook.py payload_problems); any other handler
+    runs any payload."""
     body = case.body
     if not isinstance(body, dict):
         return
@@ -125,6 +126,9 @@ def within_the_rules_a_schema_cannot_state(case) -> None:
     ranges = body.get("ranges")
     if isinstance(ranges, list):
         body = {**body, "ranges": [_forward(item) for item in ranges]}
+    if "expires_at" in body and "scope" in body:
+        # A token ends in the future, at most SCHEDULER_TOKEN_MAX_DAYS ahead: a rule relative to now.
+        body = {**body, "expires_at": (datetime.now(UTC) + timedelta(days=1)).isoformat()}
     case.body = body
 
 

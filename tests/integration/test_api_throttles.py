@@ -8,15 +8,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
-from django_tenants.utils import schema_context
-from rest_framework.authtoken.models import Token
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from schedules.api.throttles import TokenRateThrottle
+from tenants.credentials.tokens import issue_token
 from tests.conftest import api_client_for
 
 SCHEDULES = "/api/v1/schedules/"
@@ -44,10 +43,8 @@ def anonymous(host: str) -> APIClient:
 
 
 def second_token(tenant_a) -> str:
-    """Another API user of tenant A, with a token of its own (in A's schema)."""
-    with schema_context(tenant_a.tenant.schema_name):
-        user = get_user_model().objects.create(username="reporting")
-        key = Token.objects.create(user=user).key
+    """Another token of tenant A (in A's schema)."""
+    key = issue_token(tenant_a.tenant, name="reporting", scope="write", actor="test", now=timezone.now()).key
     connection.set_schema_to_public()
     return key
 

@@ -40,19 +40,24 @@ def test_provisioning_a_new_tenant_prints_one_json_line_and_its_token_works(db):
 
     again = provision(NEW_SLUG, "--domain", NEW_HOST)
 
-    assert again == printed
+    # Keys are stored as digests only: a second run issues a new one, and the first keeps working.
+    assert {**again, "token": None} == {**printed, "token": None} and again["token"] != printed["token"]
     assert Tenant.objects.filter(slug=NEW_SLUG).count() == 1
     connection.set_schema_to_public()
-    client = api_client_for(type("Provisioned", (), {"domain": NEW_HOST, "token": printed["token"]})())
-    response = client.get("/api/v1/schedules/")
-    assert response.status_code == 200
-    assert response.json()["count"] == 0
+    for key in (printed["token"], again["token"]):
+        client = api_client_for(type("Provisioned", (), {"domain": NEW_HOST, "token": key})())
+        response = client.get("/api/v1/schedules/")
+        assert response.status_code == 200
+        assert response.json()["count"] == 0
 
 
-def test_re_provisioning_an_existing_tenant_returns_the_same_token(tenant_a):
+def test_re_provisioning_an_existing_tenant_issues_a_new_token_and_keeps_the_old_one(tenant_a):
     printed = provision("acme", "--domain", tenant_a.domain)
 
-    assert printed == {"tenant": "acme", "domain": "acme.localhost", "token": tenant_a.token}
+    assert {**printed, "token": None} == {"tenant": "acme", "domain": "acme.localhost", "token": None}
+    connection.set_schema_to_public()
+    for key in (printed["token"], tenant_a.token):
+        assert api_client_for(tenant_a, key).get("/api/v1/schedules/").status_code == 200
 
 
 def test_re_provisioning_applies_the_quota_options_given(tenant_a):
@@ -104,7 +109,7 @@ def test_re_provisioning_without_quota_options_keeps_the_quotas(tenant_a):
 def test_a_second_domain_for_an_existing_tenant_is_added_but_not_primary(tenant_a):
     printed = provision("acme", "--domain", "acme-alt.localhost")
 
-    assert printed["token"] == tenant_a.token
+    assert printed["token"].startswith("sch_")
     alternate = Domain.objects.get(domain="acme-alt.localhost")
     assert alternate.tenant.slug == "acme"
     assert not alternate.is_primary

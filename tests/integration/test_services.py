@@ -11,6 +11,7 @@ from dispatch.models import Occurrence, OccurrenceState
 from schedules import services
 from schedules.errors import ScheduleInvalid, StateConflict
 from schedules.models import PLANNING_FIELDS, Schedule, ScheduleCursor, ScheduleVersion, VersionChange
+from tenants.credentials.tokens import digest_of, tokens_of
 
 ACTOR = "tenant:acme/api"
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -75,13 +76,14 @@ def test_every_verb_writes_a_version_and_closes_the_previous_one(hourly):
     assert hourly.version == 5
 
 
-def test_the_api_records_its_actor_as_tenant_slug_and_user(api_a, cron_body):
+def test_the_api_records_its_actor_as_tenant_slug_and_token(api_a, tenant_a, cron_body):
     created = api_a.post("/api/v1/schedules/", cron_body, format="json").json()
     api_a.patch(f"/api/v1/schedules/{created['id']}/", {"priority": 3}, format="json")
 
     actors = set(ScheduleVersion.objects.filter(schedule_id=created["id"]).values_list("actor", flat=True))
 
-    assert actors == {"tenant:acme/api"}
+    (token,) = [t for t in tokens_of(tenant_a.tenant) if t.digest == digest_of(tenant_a.token)]
+    assert actors == {f"tenant:acme/token:provisioned#{token.pk}"}
 
 
 def test_a_once_snapshot_stores_run_at_as_iso_text(tenant):

@@ -1,4 +1,4 @@
-"""`manage.py provision_tenant <slug> --domain <host>`: create or reuse a tenant and print its API token."""
+"""`manage.py provision_tenant <slug> --domain <host>`: create or reuse a tenant and print a new API token of it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tenants.services import provision_tenant
 
 
 class Command(BaseCommand):
-    help = "Create (or reuse) a tenant with its schema, domain, API user and token; prints one JSON line."
+    help = "Create (or reuse) a tenant with its schema and domain, issue it a write token; prints one JSON line."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("slug", help="tenant identifier: lowercase letters, digits and '-'")
