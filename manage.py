@@ -32,9 +32,14 @@ def main() -> None:
     if again is not None:
         os.execve(sys.executable, again, engine_environ(dict(os.environ)))  # same process id
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "scheduler_project.settings")
+    from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(sys.argv)
+    try:
+        execute_from_command_line(sys.argv)
+    except ImproperlyConfigured as exc:
+        # A bad setting is the operator's to fix: its message names the variable; a traceback adds nothing.
+        sys.exit(f"Configuration error: {exc}")
 
 
 if __name__ == "__main__":

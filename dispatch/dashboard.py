@@ -98,6 +98,9 @@ class Dashboard:
     stuck_capped: bool = False
     tenants: list[dict[str, Any]] = field(default_factory=list)
     processes: list[dict[str, Any]] = field(default_factory=list)
+    # The figures are those of these tenants only (a tenant-scoped operator); the platform-wide ones (the relay's
+    # backlog, what falls due next) are then not read at all.
+    tenant_ids: list[int] | None = None
 
     # --- charts ------------------------------------------------------------------------------------------------
 
@@ -127,7 +130,8 @@ class Dashboard:
         return bar_chart(self.due, start=start, minutes=DUE_MINUTES, empty="Nothing falls due in the next hour.")
 
 
-def build(*, shards: int | None = None, lag: LagWindow | None = None) -> Dashboard:
+def build(*, shards: int | None = None, lag: LagWindow | None = None, tenant_ids: list[int] | None = None) -> Dashboard:
+    """The dashboard's figures, of every tenant or of `tenant_ids` only (a tenant-scoped operator's)."""
     shards = shards or settings.SCHEDULER_SHARDS
     lag = lag or LAG_WINDOWS[DEFAULT_LAG_WINDOW]
     with connection.cursor() as cursor:
@@ -136,23 +140,32 @@ def build(*, shards: int | None = None, lag: LagWindow | None = None) -> Dashboa
         since = (now - timedelta(minutes=WINDOW_MINUTES)).replace(second=0, microsecond=0)
         minutes = [since + timedelta(minutes=n) for n in range(WINDOW_MINUTES + 1)]
         percent = _sample_percent(cursor, since)
-        dash = Dashboard(now=now, sample_percent=percent, minutes=minutes, lag_window=lag, lag_sample_percent=percent)
-        cursor.execute(dashboard_sql.RECENT_BY_MINUTE.format(sample=_sample_clause(percent)), {"since": since})
+        dash = Dashboard(
+            now=now,
+            sample_percent=percent,
+            minutes=minutes,
+            lag_window=lag,
+            lag_sample_percent=percent,
+            tenant_ids=tenant_ids,
+        )
+        scope = {"tenant_ids": tenant_ids}
+        cursor.execute(dashboard_sql.RECENT_BY_MINUTE.format(sample=_sample_clause(percent)), {"since": since, **scope})
         _fill_recent(dash, cursor.fetchall(), scale=100.0 / percent)
         if lag.minutes != WINDOW_MINUTES:
             _fill_lag(cursor, dash, lag)
-        dash.due = _due_next_hour(cursor, now, shards)
-        cursor.execute(dashboard_sql.BACKLOG)
-        due_envelopes, due_fires, oldest_age, unsettled = cursor.fetchone()
-        dash.backlog = {
-            "due_envelopes": due_envelopes,
-            "due_fires": int(due_fires),
-            "oldest_age": max(0.0, float(oldest_age)),
-            "unsettled": unsettled,
-        }
-        cursor.execute(dashboard_sql.DEAD_COUNT)
+        if tenant_ids is None:
+            dash.due = _due_next_hour(cursor, now, shards)
+            cursor.execute(dashboard_sql.BACKLOG)
+            due_envelopes, due_fires, oldest_age, unsettled = cursor.fetchone()
+            dash.backlog = {
+                "due_envelopes": due_envelopes,
+                "due_fires": int(due_fires),
+                "oldest_age": max(0.0, float(oldest_age)),
+                "unsettled": unsettled,
+            }
+        cursor.execute(dashboard_sql.DEAD_COUNT, scope)
         dash.dead = cursor.fetchone()[0]
-        cursor.execute(dashboard_sql.TENANT_USAGE, {"limit": TENANT_ROWS})
+        cursor.execute(dashboard_sql.TENANT_USAGE, {"limit": TENANT_ROWS, **scope})
         for tenant_id, slug, rate, max_running, sent, throttled, running, waited in cursor.fetchall():
             dash.tenants.append(
                 {
@@ -183,7 +196,13 @@ def build(*, shards: int | None = None, lag: LagWindow | None = None) -> Dashboa
                 }
             )
     first_page = next(
-        stuck_pages(since=now - timedelta(days=1), until=now, now=now, stuck_after_seconds=DEFAULT_STUCK_AFTER_SECONDS),
+        stuck_pages(
+            since=now - timedelta(days=1),
+            until=now,
+            now=now,
+            stuck_after_seconds=DEFAULT_STUCK_AFTER_SECONDS,
+            tenant_ids=tenant_ids,
+        ),
         [],
     )
     dash.stuck, dash.stuck_capped = len(first_page), len(first_page) >= STUCK_PAGE
@@ -227,7 +246,7 @@ def _fill_lag(cursor: Any, dash: Dashboard, lag: LagWindow) -> None:
     dash.lag_sample_percent = percent
     cursor.execute(
         dashboard_sql.LAG_BY_BUCKET.format(sample=_sample_clause(percent)),
-        {"since": since, "bucket": bucket},
+        {"since": since, "bucket": bucket, "tenant_ids": dash.tenant_ids},
     )
     index = {instant: n for n, instant in enumerate(dash.lag_buckets)}
     lanes = _lag_series(len(dash.lag_buckets))

@@ -54,9 +54,11 @@ def stuck_pages(
     now: datetime,
     stuck_after_seconds: float = DEFAULT_STUCK_AFTER_SECONDS,
     tenant_id: int | None = None,
+    tenant_ids: list[int] | None = None,
     page: int = STUCK_PAGE,
 ) -> Iterator[list[StuckOccurrence]]:
-    """Pages of the occurrences scheduled in [since, until) that are stuck at `now`, oldest fire first."""
+    """Pages of the occurrences scheduled in [since, until) that are stuck at `now`, oldest fire first; of one
+    tenant, or of the tenants listed (a console operator's scope), when given."""
     cutoff = now - timedelta(seconds=stuck_after_seconds)
     until = min(until, cutoff)
     after_for, after_id = _BEFORE_EVERYTHING
@@ -70,6 +72,7 @@ def stuck_pages(
                     "until": until,
                     "cutoff": cutoff,
                     "tenant_id": tenant_id,
+                    "tenant_ids": tenant_ids,
                     "after_for": after_for,
                     "after_id": after_id,
                     "limit": page,

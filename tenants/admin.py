@@ -6,6 +6,8 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
@@ -15,9 +17,10 @@ from django.utils.html import format_html
 from dispatch import services as dispatch_services
 from scheduler_project.console import SafeActionSelectionMixin, operator_actor
 from tenants import services as tenant_services
+from tenants.access import scoped
 from tenants.admin_token import TenantTokenMixin
 from tenants.deletion import delete_tenant
-from tenants.models import Domain, Tenant, schema_name_for, validate_slug
+from tenants.models import Domain, OperatorAccess, Tenant, schema_name_for, validate_slug
 from tenants.services import HOST_PATTERN, QUOTA_FIELDS, quota_minimum
 
 
@@ -128,14 +131,10 @@ class TenantAdmin(TenantTokenMixin, SafeActionSelectionMixin, admin.ModelAdmin):
         # database (tenants/services.py) and the engine's quota counters (dispatch/services.py); as columns of the
         # query, so the list sorts by them.
         primary = Domain.objects.filter(tenant=OuterRef("pk"), is_primary=True).order_by().values("domain")[:1]
-        return (
-            super()
-            .get_queryset(request)
-            .annotate(
-                schedules_held_count=tenant_services.schedules_held_column(),
-                **dispatch_services.tenant_quota_columns(),
-                primary_domain_name=Subquery(primary),
-            )
+        return scoped(request, super().get_queryset(request), "pk").annotate(
+            schedules_held_count=tenant_services.schedules_held_column(),
+            **dispatch_services.tenant_quota_columns(),
+            primary_domain_name=Subquery(primary),
         )
 
     @admin.display(description="running now", ordering="running_now")
@@ -231,3 +230,26 @@ class TenantAdmin(TenantTokenMixin, SafeActionSelectionMixin, admin.ModelAdmin):
             f"Tenant {obj.slug} created with schema {obj.schema_name}. It has no API token yet: create one from its "
             f"page (API token), or run `manage.py provision_tenant {obj.slug} --domain <host>`.",
         )
+
+
+class OperatorAccessInline(admin.StackedInline):
+    """On a user's page: the tenants an operator who is not a superuser sees and acts on (tenants/access.py)."""
+
+    model = OperatorAccess
+    can_delete = False
+    filter_horizontal = ("tenants",)
+    verbose_name_plural = "Tenant access (for operators who are not superusers; none assigned: no tenant)"
+
+    def formfield_for_manytomany(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "tenants":
+            kwargs["queryset"] = Tenant.objects.exclude(schema_name="public").order_by("slug")
+        return super().formfield_for_manytomany(db_field, request, **kwargs)
+
+
+if admin.site.is_registered(User):
+    admin.site.unregister(User)
+
+
+@admin.register(User)
+class OperatorUserAdmin(UserAdmin):
+    inlines = [OperatorAccessInline]

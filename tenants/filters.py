@@ -8,6 +8,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from scheduler_project.console import BIGINT_MAX
+from tenants.access import scoped
 from tenants.models import Tenant
 
 
@@ -18,7 +19,8 @@ class TenantFilter(admin.SimpleListFilter):
     parameter_name = "tenant__id__exact"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [(str(pk), slug) for pk, slug in Tenant.objects.exclude(schema_name="public").values_list("pk", "slug")]
+        tenants = scoped(request, Tenant.objects.exclude(schema_name="public"), "pk").order_by("slug")
+        return [(str(pk), slug) for pk, slug in tenants.values_list("pk", "slug")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         value = self.value()

@@ -123,3 +123,22 @@ class WebhookSecret(models.Model):
     def __str__(self) -> str:
         return f"webhook secret of tenant {self.tenant_id}"
 
+
+class OperatorAccess(models.Model):
+    """Which tenants a console operator (a staff user who is not a superuser) sees and acts on. Without a row, or
+    with no tenant assigned, an operator sees no tenant's rows; `all_tenants` is the platform operator."""
+
+    user = models.OneToOneField("auth.User", on_delete=models.CASCADE, primary_key=True, related_name="operator_access")
+    all_tenants = models.BooleanField(
+        default=False, help_text="Sees and acts on every tenant, present and future (what a superuser always does)."
+    )
+    tenants = models.ManyToManyField(
+        Tenant, blank=True, related_name="operators", help_text="The tenants this operator sees and acts on."
+    )
+
+    class Meta:
+        verbose_name = "operator access"
+        verbose_name_plural = "operator access"
+
+    def __str__(self) -> str:
+        return f"tenant access of {self.user}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
@@ -11,6 +12,7 @@ from dispatch.admin.common import AttemptTimesMixin, ReadOnlyAdminMixin
 from dispatch.admin.occurrences import timeline_context
 from dispatch.models import Attempt, Occurrence
 from scheduler_project.console import BIGINT_MAX
+from tenants.access import tenant_scope
 
 
 @admin.register(Attempt)
@@ -35,6 +37,16 @@ class AttemptAdmin(AttemptTimesMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        scope = tenant_scope(request)
+        if scope is None:
+            return super().get_queryset(request)
+        # Attempts carry no tenant: their occurrence does (same id and partition key).
+        theirs = Occurrence.objects.filter(
+            occurrence_id=OuterRef("occurrence_id"), scheduled_for=OuterRef("scheduled_for"), tenant_id__in=scope
+        )
+        return super().get_queryset(request).filter(Exists(theirs))
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
         messages.info(request, "Attempts are listed on their occurrence's page.")

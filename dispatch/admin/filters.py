@@ -17,6 +17,7 @@ from dispatch.queues import ALL_QUEUES
 from dispatch.stuck import DEFAULT_STUCK_AFTER_SECONDS, STUCK_PAGE, stuck_pages
 from scheduler_project.console import EARLIEST_INSTANT, parse_instant_text, parse_uuid
 from schedules.models import Schedule
+from tenants.access import scope_list, scoped, tenant_scope
 
 
 class LaneFilter(admin.SimpleListFilter):
@@ -58,7 +59,8 @@ class ScheduleIdFilter(admin.SimpleListFilter):
             if value:
                 messages.error(request, f"{value[:40]!r} is not a schedule id (a UUID): no occurrence matches.")
             return []
-        name = Schedule.objects.filter(pk=wanted).values_list("name", flat=True).first()
+        # Only a schedule the operator may see is named (tenants/access.py); another's id shows as the id alone.
+        name = scoped(request, Schedule.objects.filter(pk=wanted)).values_list("name", flat=True).first()
         return [(str(wanted), name or str(wanted))]
 
     def has_output(self) -> bool:
@@ -220,6 +222,7 @@ class StuckFilter(admin.SimpleListFilter):
                 now=now,
                 stuck_after_seconds=DEFAULT_STUCK_AFTER_SECONDS,
                 tenant_id=int(tenant) if tenant.isdigit() and len(tenant) < 19 else None,
+                tenant_ids=scope_list(tenant_scope(request)),
             ),
             [],
         )

@@ -31,6 +31,7 @@ from scheduler_project.console import (
     parse_uuid,
 )
 from schedules.models import ScheduleVersion
+from tenants.access import scoped
 from tenants.filters import TenantFilter
 
 
@@ -141,8 +142,7 @@ class OccurrenceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         # Payloads may be 64 KiB each; the list shows only the schedule's name.
         return (
-            super()
-            .get_queryset(request)
+            scoped(request, super().get_queryset(request))
             .select_related("tenant", "schedule")
             .defer("schedule__payload", "schedule__request_fingerprint")
         )

@@ -16,6 +16,7 @@ from dispatch.admin.common import ReadOnlyAdminMixin, utc_column
 from dispatch.admin.filters import QueueFilter
 from dispatch.models import OutboxMessage
 from scheduler_project.console import EXACT_COUNT_LIMIT, EstimatedCountPaginator, bounded_count, parse_uuid
+from tenants.access import sees_every_tenant
 from tenants.models import Tenant
 
 # --- outbox -----------------------------------------------------------------------------------------------
@@ -72,6 +73,14 @@ class OutboxMessageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "created_at",
     )
     readonly_fields = fields
+
+    # The relay's backlog mixes every tenant's envelopes and its figures count them all: an operator who sees
+    # every tenant reads it; a tenant-scoped one does not see it (tenants/access.py).
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return sees_every_tenant(request) and super().has_view_permission(request, obj)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return sees_every_tenant(request) and super().has_module_permission(request)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         # tenant_id is a plain column (the relay must not join), so the slug comes from a per-row subquery.

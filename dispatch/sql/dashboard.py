@@ -23,7 +23,8 @@ WHERE i.inhparent = 'dispatch_occurrence'::regclass
 # instant) of fires not held back by their tenant's fire rate; per (minute, state) how many fires; per tenant how
 # many, and how many of them reached the broker (enqueued_at is the first publish's stamp: a fire offered again
 # after a wait for a running slot or a retry is still one fire here, where the relays' publish counter counts every
-# offer). {sample} is "" or a TABLESAMPLE clause. `g` tells the grouping a row belongs to.
+# offer). {sample} is "" or a TABLESAMPLE clause. `g` tells the grouping a row belongs to. Here and below,
+# %(tenant_ids)s is NULL for every tenant or the tenants a console operator may see (tenants/access.py).
 RECENT_BY_MINUTE = """
 SELECT GROUPING(date_trunc('minute', o.scheduled_for), o.lane, o.state, o.tenant_id) AS g,
        date_trunc('minute', o.scheduled_for) AS minute, o.lane, o.state, o.tenant_id, count(*),
@@ -36,6 +37,7 @@ SELECT GROUPING(date_trunc('minute', o.scheduled_for), o.lane, o.state, o.tenant
            FILTER (WHERE o.enqueued_at IS NOT NULL AND NOT o.throttled)
 FROM dispatch_occurrence AS o {sample}
 WHERE o.scheduled_for >= %(since)s AND o.scheduled_for <= clock_timestamp()
+  AND (%(tenant_ids)s::bigint[] IS NULL OR o.tenant_id = ANY(%(tenant_ids)s::bigint[]))
 GROUP BY GROUPING SETS ((date_trunc('minute', o.scheduled_for), o.lane),
                         (date_trunc('minute', o.scheduled_for), o.state),
                         (o.tenant_id))
@@ -51,6 +53,7 @@ SELECT date_bin(%(bucket)s::interval, o.scheduled_for, TIMESTAMPTZ '2000-01-01 0
 FROM dispatch_occurrence AS o {sample}
 WHERE o.scheduled_for >= %(since)s AND o.scheduled_for <= clock_timestamp()
   AND o.enqueued_at IS NOT NULL AND NOT o.throttled
+  AND (%(tenant_ids)s::bigint[] IS NULL OR o.tenant_id = ANY(%(tenant_ids)s::bigint[]))
 GROUP BY 1, 2
 """
 
@@ -113,7 +116,10 @@ SELECT count(*) FILTER (WHERE published_at IS NULL AND available_at <= clock_tim
 FROM dispatch_outboxmessage
 """
 
-DEAD_COUNT = "SELECT count(*) FROM dispatch_occurrence_watch WHERE state = 'dead'"
+DEAD_COUNT = """
+SELECT count(*) FROM dispatch_occurrence_watch AS w
+WHERE w.state = 'dead' AND (%(tenant_ids)s::bigint[] IS NULL OR w.tenant_id = ANY(%(tenant_ids)s::bigint[]))
+"""
 
 # Per tenant: the engine's quota counters (dispatch/sql/quotas.py), busiest first, bounded. dispatched_fires counts
 # every publish since the tenant's first (a fire parked for max_running, or retried, is published again and counted
@@ -125,7 +131,7 @@ SELECT t.id, t.slug, t.max_fires_per_second, t.max_running,
 FROM tenants_tenant AS t
 LEFT JOIN dispatch_tenant_fire_bucket AS b ON b.tenant_id = t.id
 LEFT JOIN dispatch_tenant_running AS r ON r.tenant_id = t.id
-WHERE t.schema_name <> 'public'
+WHERE t.schema_name <> 'public' AND (%(tenant_ids)s::bigint[] IS NULL OR t.id = ANY(%(tenant_ids)s::bigint[]))
 ORDER BY COALESCE(b.dispatched_fires, 0) DESC, t.slug
 LIMIT %(limit)s
 """

@@ -286,6 +286,7 @@ FROM dispatch_occurrence AS o
 WHERE o.scheduled_for >= %(since)s AND o.scheduled_for < %(until)s
   AND (o.scheduled_for, o.occurrence_id) > (%(after_for)s::timestamptz, %(after_id)s::uuid)
   AND (%(tenant_id)s::bigint IS NULL OR o.tenant_id = %(tenant_id)s::bigint)
+  AND (%(tenant_ids)s::bigint[] IS NULL OR o.tenant_id = ANY(%(tenant_ids)s::bigint[]))
   AND ((o.state IN ('scheduled', 'enqueued', 'retry_wait') AND o.available_at < %(cutoff)s)
        OR (o.state = 'running' AND o.lease_expires_at < %(cutoff)s))
 ORDER BY o.scheduled_for, o.occurrence_id

@@ -13,6 +13,7 @@ from django.utils.html import format_html, format_html_join
 from schedules.admin.formatting import format_utc
 from schedules.calendars import schedules_naming
 from schedules.models import Calendar
+from tenants.access import scoped
 from tenants.filters import TenantFilter
 
 # Dates and ranges listed on a calendar's page; a longer calendar says how many more it has.
@@ -41,7 +42,7 @@ class CalendarAdmin(admin.ModelAdmin):
         return False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).order_by("tenant__slug", "name")
+        return scoped(request, super().get_queryset(request)).order_by("tenant__slug", "name")
 
     @admin.display(description="dates")
     def date_count(self, calendar: Calendar) -> int:

@@ -26,6 +26,7 @@ from schedules.errors import ScheduleInvalid
 from schedules.json_input import JSONInputError, loads_strict
 from schedules.models import Schedule
 from schedules.services import preview_definition
+from tenants.access import tenant_scope
 
 
 def _error(errors: dict[str, Any], status: int = 400) -> JsonResponse:
@@ -57,6 +58,10 @@ def preview_json(request: HttpRequest) -> JsonResponse:
     tenant = request.GET.get("tenant", "")
     if tenant and not (tenant.isascii() and tenant.isdigit() and len(tenant) <= 18):
         return _error({"detail": f"tenant {tenant[:40]!r} is not a tenant id."})
+    scope = tenant_scope(request)
+    if tenant and scope is not None and int(tenant) not in scope:
+        # Another tenant's calendars are not this operator's to read, even as a preview's gaps.
+        return _error({"detail": f"tenant {tenant} is not one of yours."})
     try:
         fires = preview_definition(
             definition, after=after, count=data["count"], now=now, tenant_id=int(tenant) if tenant else None

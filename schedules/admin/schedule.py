@@ -38,6 +38,7 @@ from schedules.admin.operations import (
 from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
 from schedules.models import Schedule
 from schedules.services import update_schedule
+from tenants.access import scoped
 from tenants.filters import TenantFilter
 
 # Named after the package, as before it was split into modules, so log lines keep their logger name.
@@ -144,7 +145,7 @@ class ScheduleAdmin(ScheduleOperationsMixin, ScheduleColumnsMixin, SafeActionSel
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         # Payloads may be 64 KiB each and no list column shows them; the change form loads it on demand.
-        return super().get_queryset(request).defer("payload", "request_fingerprint")
+        return scoped(request, super().get_queryset(request)).defer("payload", "request_fingerprint")
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type:
         return PageChangeList

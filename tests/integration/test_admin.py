@@ -552,8 +552,8 @@ def test_ensure_operator_creates_then_updates_the_same_superuser(db):
         stdout=second,
     )
 
-    assert first.getvalue().strip() == "created operator alice"
-    assert second.getvalue().strip() == "updated operator alice"
+    assert first.getvalue().strip() == "created operator alice (platform; every tenant)"
+    assert second.getvalue().strip() == "updated operator alice (platform; every tenant)"
     users = get_user_model().objects.filter(username="alice")
     assert users.count() == 1
     alice = users.get()

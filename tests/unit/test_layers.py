@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# The data plane's operator tools (its console pages, benchmarks, commands) sit above both planes.
-DATA_PLANE_TOOLS = ("dispatch/admin/", "dispatch/bench/", "dispatch/management/")
+# The data plane's operator tools (its console pages and tags, benchmarks, commands) sit above both planes.
+DATA_PLANE_TOOLS = ("dispatch/admin/", "dispatch/templatetags/", "dispatch/bench/", "dispatch/management/")
 
 
 def imported_modules(path: Path) -> set[str]:
