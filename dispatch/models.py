@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
+from django.db.models.functions import Now
 from django.db.models.lookups import LessThanOrEqual
 
 from dispatch.sql.outbox import SMALL_ENVELOPE_FIRES
@@ -254,3 +255,40 @@ class ProcessHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role} {self.name}"
+
+
+class Notification(models.Model):
+    """One event a tenant is told of (docs/API.md, "Notifications"): written by the occurrence table's triggers
+    (dispatch migration 0020) or the stuck search, once per (event, occurrence), and sent at least once by a
+    worker's NotificationSender (dispatch/notifications.py)."""
+
+    tenant_id = models.BigIntegerField()
+    event = models.CharField(max_length=20)
+    occurrence_id = models.UUIDField()
+    scheduled_for = models.DateTimeField()
+    schedule_id = models.UUIDField()
+    state = models.CharField(max_length=16)
+    state_reason = models.TextField(blank=True, db_default="")
+    created_at = models.DateTimeField(db_default=Now())
+    # When a sender may take it next: now for a new one; a sender that takes it moves this ahead as its lease, so
+    # one that dies mid-send leaves it to another after that.
+    next_attempt_at = models.DateTimeField(db_default=Now())
+    attempts = models.IntegerField(db_default=0)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    given_up_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, db_default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["event", "occurrence_id"], name="notification_once_per_event"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"],
+                name="notification_due",
+                condition=models.Q(delivered_at__isnull=True, given_up_at__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} of {self.occurrence_id}"

@@ -3,7 +3,8 @@
 `schedules/` (its verbs, the API, the console) and `tenants/` ask the data plane for nothing but what is named here,
 and read nothing of it but its models: the handlers a schedule may name, the occurrences a change withdraws or still
 owes, a manual trigger, a replay from the DLQ, a backfill, what is in flight or pending, the materializer's rule for
-a late one-off, a deleted tenant's end of work, and the tenants' quota counters. Each name is the function that does
+a late one-off, a deleted tenant's end of work, the tenants' quota counters, the URL rule of outbound calls and how
+a tenant's notifications are faring. Each name is the function that does
 the work, in the module that owns it; this file is where a reader of the control plane learns what the data plane
 offers, and where a change of that offer shows.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 from dispatch.backfill import BackfillResult, backfill_schedule
 from dispatch.errors import BackfillRefused, ReconcileInputError, ReplayRefused
 from dispatch.handlers import is_registered, payload_problems, registered_names
+from dispatch.handlers.webhook import url_problems
+from dispatch.notifications import NotificationDelivery, notification_delivery
 from dispatch.occurrences import (
     EndedWork,
     InFlight,
@@ -36,6 +39,7 @@ __all__ = [
     "BackfillResult",
     "EndedWork",
     "InFlight",
+    "NotificationDelivery",
     "ReconcileInputError",
     "ReplayRefused",
     "backfill_schedule",
@@ -47,6 +51,7 @@ __all__ = [
     "is_registered",
     "late_one_off_fires",
     "materialize_owed_fires",
+    "notification_delivery",
     "payload_problems",
     "pending_fires",
     "record_missed_fire",
@@ -55,4 +60,5 @@ __all__ = [
     "schedules_of_tenant",
     "tenant_quota_columns",
     "trigger_manual_occurrence",
+    "url_problems",
 ]

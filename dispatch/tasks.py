@@ -11,7 +11,14 @@ from typing import Any
 
 from celery import shared_task
 from celery.exceptions import InvalidTaskError, Reject
-from celery.signals import task_rejected, task_unknown, worker_init, worker_process_shutdown, worker_shutdown
+from celery.signals import (
+    task_rejected,
+    task_unknown,
+    worker_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 from celery.worker.strategy import default as default_strategy
 from django.conf import settings
 
@@ -19,6 +26,7 @@ from dispatch import counters
 from dispatch.engine.envelope_runner import EnvelopeRunner
 from dispatch.engine.leases import stop_lease_renewer
 from dispatch.engine.outcomes import Tally
+from dispatch.notifications import NotificationSender
 from dispatch.wire import RUN_ENVELOPE_TASK, MalformedEnvelope, decode_content, envelope_id_of
 
 logger = logging.getLogger(__name__)
@@ -169,6 +177,18 @@ def _lower_cpu_priority(**_: Any) -> None:
         os.nice(settings.SCHEDULER_WORKER_NICENESS)
 
 
+_notifier: NotificationSender | None = None
+
+
+@worker_ready.connect
+def _start_notifier(**_: Any) -> None:
+    """One sender of notifications per worker (its main process, after the pool started: not forked into it)."""
+    global _notifier
+    if _notifier is None:
+        _notifier = NotificationSender()
+        _notifier.start()
+
+
 @worker_process_shutdown.connect
 def _on_process_shutdown(**_: Any) -> None:
     shutdown()
@@ -176,6 +196,10 @@ def _on_process_shutdown(**_: Any) -> None:
 
 @worker_shutdown.connect
 def _on_worker_shutdown(**_: Any) -> None:
+    global _notifier
+    if _notifier is not None:
+        _notifier.stop()
+        _notifier = None
     shutdown()
 
 

@@ -260,6 +260,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "KindEnum": "core.choices.Kind",
         "TokenScopeEnum": "tenants.credentials.models.TokenScope",
+        "NotificationEventEnum": "tenants.models.NotificationEvent",
         "LaneEnum": "core.choices.Lane",
         "MisfirePolicyEnum": "core.choices.MisfirePolicy",
         "OverlapPolicyEnum": "core.choices.OverlapPolicy",

@@ -21,10 +21,12 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 
 from core.clock import db_now
+from dispatch.services import notification_delivery
 from scheduler_project.console import log_changes, operator_actor
 from tenants.credentials.models import TokenScope
 from tenants.credentials.tokens import TokenInvalid, TokenLimitReached, issue_token, revoke_token, tokens_of
 from tenants.models import Tenant
+from tenants.notifications import target_of
 from tenants.signing import rotate_secret, secret_state
 
 # The lifetimes the console offers, in days (the API takes any instant up to SCHEDULER_TOKEN_MAX_DAYS).
@@ -133,6 +135,8 @@ class TenantTokenMixin:
                 "change_url": change_url,
                 "tokens": tokens_of(tenant),
                 "webhook_secret": secret_state(tenant, now=db_now()),
+                "notifications": target_of(tenant),
+                "delivery": notification_delivery(tenant.pk),
                 "now": db_now(),
                 "shown_key": shown_key,
                 "scopes": TokenScope.choices,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
 from django.db import models
 from django_tenants.models import DomainMixin, TenantMixin
@@ -142,3 +143,24 @@ class OperatorAccess(models.Model):
 
     def __str__(self) -> str:
         return f"tenant access of {self.user}"
+
+
+class NotificationEvent(models.TextChoices):
+    DEAD = "dead", "dead: attempts or deadline exhausted"
+    MISSED = "missed", "missed: later than the schedule accepts"
+    STUCK = "stuck", "stuck: unfinished 15 minutes past its time"
+    SKIPPED_OVERLAP = "skipped_overlap", "skipped_overlap: the previous run was still going"
+
+
+class NotificationTarget(models.Model):
+    """Where a tenant is told that a fire did not run (docs/API.md, "Notifications"): one signed POST per event
+    and occurrence, sent by the workers (dispatch/notifications.py)."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, primary_key=True, related_name="notifications")
+    url = models.TextField(help_text="The http(s) URL each notification is POSTed to, signed like a webhook.")
+    events = ArrayField(models.CharField(max_length=20, choices=NotificationEvent.choices))
+    updated_at = models.DateTimeField()
+    updated_by = models.CharField(max_length=200)
+
+    def __str__(self) -> str:
+        return f"notifications of tenant {self.tenant_id}"

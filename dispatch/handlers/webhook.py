@@ -24,6 +24,7 @@ import json
 import logging
 import re
 import socket
+import threading
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -99,7 +100,7 @@ def payload_problems(payload: dict[str, Any]) -> list[str]:
     """What would make every call of this payload fail, found before the schedule is saved: a URL that is missing,
     not http(s), with credentials, with a host name that cannot be one, or a refused address written as a literal;
     an unknown method; a header that is reserved or malformed; a timeout that is not a positive number."""
-    problems = _url_problems(payload.get("url"))
+    problems = url_problems(payload.get("url"))
     method = payload.get("method", "POST")
     if method not in METHODS:
         problems.append(f"payload.method must be one of {', '.join(METHODS)}.")
@@ -112,7 +113,8 @@ def payload_problems(payload: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _url_problems(url: Any) -> list[str]:
+def url_problems(url: Any) -> list[str]:
+    """What makes `url` uncallable (the webhook's and the notifications' URL rule); none: fine."""
     if not isinstance(url, str) or not url:
         return ["payload.url is required: the http or https URL to call."]
     parts = urlsplit(url)
@@ -181,11 +183,51 @@ def webhook(context: Any) -> None:
     seconds_left = getattr(context, "seconds_left", None)
     if seconds_left is not None:
         timeout = max(0.1, min(timeout, seconds_left()))
-    if context.cancel_event.is_set():
-        raise CanceledError("canceled before the request was sent")
-    budget = Budget(timeout, context.cancel_event)
-    parts = urlsplit(url)
     raw = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() if method in METHODS_WITH_BODY else b""
+    status = signed_call(
+        tenant_id=context.tenant_id,
+        message_id=str(context.occurrence_id),
+        url=url,
+        method=method,
+        raw=raw,
+        headers={
+            # The payload's own (an Authorization, say) may replace the defaults, never the keys below.
+            **payload.get("headers", {}),
+            "Idempotency-Key": str(context.occurrence_id),
+            "X-Scheduled-For": utc_key(context.scheduled_for),
+            "X-Attempt": str(context.attempt),
+        },
+        timeout=timeout,
+        cancel_event=context.cancel_event,
+    )
+    logger.info(
+        "webhook %s answered %d for occurrence %s",
+        shown,
+        status,
+        context.occurrence_id,
+        extra={"action": "webhook", "occurrence_id": str(context.occurrence_id)},
+    )
+
+
+def signed_call(
+    *,
+    tenant_id: int,
+    message_id: str,
+    url: str,
+    method: str,
+    raw: bytes,
+    headers: dict[str, str],
+    timeout: float,
+    cancel_event: threading.Event,
+) -> int:
+    """One call of `url` under the address rule, signed with the tenant's keys (`message_id` is its webhook-id),
+    within `timeout` for the whole call. Returns the 2xx status; raises TransientError (retry), PermanentError (no
+    retry) or CanceledError (the event was set). Shared by the webhook handler and the notifications."""
+    shown = f"{method} {_shown(url)}"
+    if cancel_event.is_set():
+        raise CanceledError("canceled before the request was sent")
+    budget = Budget(timeout, cancel_event)
+    parts = urlsplit(url)
     try:
         answer = request(
             scheme=parts.scheme,
@@ -198,12 +240,8 @@ def webhook(context: Any) -> None:
             headers={
                 "Content-Type": "application/json",
                 "User-Agent": "scheduler-webhook/1",
-                # The payload's own (an Authorization, say) may replace the two above, never the keys below.
-                **payload.get("headers", {}),
-                "Idempotency-Key": str(context.occurrence_id),
-                "X-Scheduled-For": utc_key(context.scheduled_for),
-                "X-Attempt": str(context.attempt),
-                **signed_headers(context.tenant_id, str(context.occurrence_id), raw),
+                **headers,
+                **signed_headers(tenant_id, message_id, raw),
             },
             budget=budget,
             keep_body=ERROR_BODY_BYTES,
@@ -222,13 +260,7 @@ def webhook(context: Any) -> None:
         # Connection refused or reset, a TLS failure.
         raise TransientError(f"{shown} failed: {exc}") from exc
     _raise_for_status(shown, answer.status, answer.body_head, answer.headers.get("Retry-After"))
-    logger.info(
-        "webhook %s answered %d for occurrence %s",
-        shown,
-        answer.status,
-        context.occurrence_id,
-        extra={"action": "webhook", "occurrence_id": str(context.occurrence_id)},
-    )
+    return answer.status
 
 
 def signing_keys(tenant_id: int) -> list[bytes]:

@@ -13,10 +13,11 @@ from dispatch.services import ReplayRefused
 from schedules.api.throttles import unauthenticated_wait
 from schedules.errors import Gone, QuotaExceeded, ScheduleInvalid, StateConflict
 from tenants.credentials.tokens import TokenInvalid, TokenLimitReached
+from tenants.notifications import NotificationsInvalid
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    if isinstance(exc, ScheduleInvalid | TokenInvalid):
+    if isinstance(exc, ScheduleInvalid | TokenInvalid | NotificationsInvalid):
         return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, Gone):
         return Response({"detail": exc.message}, status=status.HTTP_404_NOT_FOUND)

@@ -415,6 +415,18 @@ class TokenInputExtension(OpenApiSerializerExtension):
         return schema
 
 
+class NotificationsInputExtension(TokenInputExtension):
+    """A notification target: no other keys; the selector, until schedules carry labels, is empty."""
+
+    target_class = "schedules.api.notifications.NotificationsInputSerializer"
+
+    def map_serializer(self, auto_schema, direction):
+        schema = super().map_serializer(auto_schema, direction)
+        schema["properties"]["selector"]["maxLength"] = 0
+        schema["properties"]["events"]["uniqueItems"] = True
+        return schema
+
+
 class TokenAuthenticationScheme(OpenApiAuthenticationExtension):
     """`Authorization: Token <key>` in the schema (tenants/credentials/authentication.py)."""
 

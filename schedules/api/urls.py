@@ -8,6 +8,7 @@ from rest_framework.routers import SimpleRouter
 
 from schedules.api.calendars import CalendarViewSet
 from schedules.api.credentials import TokenViewSet, WebhookSecretRotateView, WebhookSecretView
+from schedules.api.notifications import NotificationsView
 from schedules.api.views import OccurrenceViewSet, ScheduleViewSet
 
 router = SimpleRouter()
@@ -25,5 +26,6 @@ urlpatterns = [
     ),
     path("webhook-secret/", WebhookSecretView.as_view(), name="webhook-secret"),
     path("webhook-secret/rotate/", WebhookSecretRotateView.as_view(), name="webhook-secret-rotate"),
+    path("notifications/", NotificationsView.as_view(), name="notifications"),
     path("", include(router.urls)),
 ]

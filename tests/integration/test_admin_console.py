@@ -934,3 +934,12 @@ def test_rotating_the_webhook_secret_in_the_console_keeps_the_old_one_signing_fo
     assert state["secret"] != old and state["previous_valid_until"] is not None
     assert old not in page and state["secret"] not in page and "previous secret" in page
     assert "Rotated the webhook signing secret" in LogEntry.objects.get(user=operator).change_message
+
+
+def test_the_credentials_page_shows_the_notification_target_and_how_delivery_fares(console, api_a, tenant_a):
+    assert "None set" in html_of(console.get(token_url(tenant_a.tenant)))
+    api_a.put("/api/v1/notifications/", {"url": "https://hooks.example.com/a", "events": ["dead"]}, format="json")
+
+    page = html_of(console.get(token_url(tenant_a.tenant)))
+
+    assert "https://hooks.example.com/a" in page and "Waiting to be delivered: 0" in page

@@ -126,6 +126,9 @@ def within_the_rules_a_schema_cannot_state(case) -> None:
     ranges = body.get("ranges")
     if isinstance(ranges, list):
         body = {**body, "ranges": [_forward(item) for item in ranges]}
+    if "events" in body and isinstance(body.get("url"), str):
+        # A notification target's URL follows the webhook's rule (a host name that can be one, no credentials...).
+        body = {**body, "url": "https://hooks.example.com/alerts"}
     if "expires_at" in body and "scope" in body:
         # A token ends in the future, at most SCHEDULER_TOKEN_MAX_DAYS ahead: a rule relative to now.
         body = {**body, "expires_at": (datetime.now(UTC) + timedelta(days=1)).isoformat()}

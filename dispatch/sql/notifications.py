@@ -1,0 +1,63 @@
+"""Statements of the notification sender (dispatch/notifications.py). The notifications table is small next to the
+occurrences (a row per event a tenant asked for); the partial index notification_due finds the sendable ones."""
+
+from __future__ import annotations
+
+# Take up to %(limit)s due notifications, with the target's URL as it is now: each moves its next_attempt_at ahead
+# by the lease, so a sender that dies mid-send leaves it to another after that; SKIP LOCKED lets several workers'
+# senders share the table. clock_timestamp() here and below: the instant of the statement, not of a transaction.
+TAKE_DUE = """
+UPDATE dispatch_notification AS n
+SET next_attempt_at = clock_timestamp() + make_interval(secs => %(lease)s), attempts = n.attempts + 1
+FROM (
+    SELECT id FROM dispatch_notification
+    WHERE delivered_at IS NULL AND given_up_at IS NULL AND next_attempt_at <= clock_timestamp()
+    ORDER BY next_attempt_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS due
+WHERE n.id = due.id
+RETURNING n.id, n.tenant_id, n.event, n.occurrence_id, n.scheduled_for, n.schedule_id, n.state, n.state_reason,
+          n.attempts, n.created_at,
+          (SELECT t.url FROM tenants_notificationtarget AS t WHERE t.tenant_id = n.tenant_id),
+          -- What the last attempt said (a dead fire's error): its partition by scheduled_for, its row by key.
+          (SELECT a.error FROM dispatch_attempt AS a
+           WHERE a.occurrence_id = n.occurrence_id AND a.scheduled_for = n.scheduled_for
+           ORDER BY a.generation DESC LIMIT 1)
+"""
+
+DELIVERED = "UPDATE dispatch_notification SET delivered_at = clock_timestamp(), last_error = '' WHERE id = ANY(%(ids)s)"
+
+# Sent again after %(delay)s seconds (never past the giving up: that is decided when it is next taken).
+RETRY_LATER = """
+UPDATE dispatch_notification
+SET next_attempt_at = clock_timestamp() + make_interval(secs => %(delay)s), last_error = %(error)s
+WHERE id = ANY(%(ids)s)
+"""
+
+GIVE_UP = (
+    "UPDATE dispatch_notification SET given_up_at = clock_timestamp(), last_error = %(error)s WHERE id = ANY(%(ids)s)"
+)
+
+# The tenants that asked to hear of stuck occurrences.
+STUCK_SUBSCRIBERS = "SELECT tenant_id FROM tenants_notificationtarget WHERE 'stuck' = ANY(events)"
+
+RECORD_STUCK = """
+INSERT INTO dispatch_notification (tenant_id, event, occurrence_id, scheduled_for, schedule_id, state, state_reason)
+SELECT * FROM unnest(%(tenant_ids)s::bigint[], %(events)s::text[], %(occurrence_ids)s::uuid[],
+                     %(scheduled_fors)s::timestamptz[], %(schedule_ids)s::uuid[], %(states)s::text[],
+                     %(reasons)s::text[])
+ON CONFLICT (event, occurrence_id) DO NOTHING
+"""
+
+# Notifications are kept as long as occurrences (the retention), so an event is never told twice.
+FORGET_OLD = "DELETE FROM dispatch_notification WHERE created_at < clock_timestamp() - make_interval(days => %(days)s)"
+
+# What a tenant's notifications are doing, for GET /api/v1/notifications/.
+DELIVERY_STATE = """
+SELECT count(*) FILTER (WHERE delivered_at IS NULL AND given_up_at IS NULL),
+       count(*) FILTER (WHERE given_up_at IS NOT NULL),
+       (SELECT last_error FROM dispatch_notification
+        WHERE tenant_id = %(tenant_id)s AND last_error <> '' ORDER BY next_attempt_at DESC LIMIT 1)
+FROM dispatch_notification WHERE tenant_id = %(tenant_id)s
+"""

@@ -1,0 +1,66 @@
+"""A tenant's notification target (docs/API.md, "Notifications"): where and of which events it is told that a fire
+did not run. The data plane writes and sends the notifications (dispatch/notifications.py); this keeps the
+setting, checked with the same URL rule as a webhook."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from dispatch.services import url_problems
+from tenants.models import NotificationEvent, NotificationTarget, Tenant
+
+logger = logging.getLogger(__name__)
+
+
+class NotificationsInvalid(Exception):
+    """A field of the target breaks a rule; `errors` maps each field to its messages (a 400)."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        super().__init__(errors)
+        self.errors = errors
+
+
+def clean_target(url: Any, events: Any, selector: Any) -> dict[str, Any]:
+    errors: dict[str, list[str]] = {}
+    problems = url_problems(url)
+    if problems:
+        errors["url"] = [problem.replace("payload.url", "url") for problem in problems]
+    if (
+        not isinstance(events, list)
+        or not events
+        or not all(isinstance(e, str) and e in NotificationEvent.values for e in events)
+        or len(set(events)) != len(events)
+    ):
+        errors["events"] = [f"A non-empty list of distinct events among {', '.join(NotificationEvent.values)}."]
+    if selector not in (None, ""):
+        # Honest until schedules carry labels: a selector that chose nothing would promise what is not done.
+        errors["selector"] = ["Selectors choose schedules by label, which schedules do not carry yet: leave it empty."]
+    if errors:
+        raise NotificationsInvalid(errors)
+    return {"url": url, "events": sorted(events, key=NotificationEvent.values.index)}
+
+
+def set_target(
+    tenant: Tenant, *, url: Any, events: Any, selector: Any, actor: str, now: datetime
+) -> NotificationTarget:
+    """Create or replace the tenant's target; events it writes from now on go there (those waiting too)."""
+    fields = clean_target(url, events, selector)
+    target, _ = NotificationTarget.objects.update_or_create(
+        tenant=tenant, defaults={**fields, "updated_at": now, "updated_by": actor[:200]}
+    )
+    logger.info("%s set the notification target of tenant %s", actor, tenant.slug, extra={"action": "notifications"})
+    return target
+
+
+def target_of(tenant: Tenant) -> NotificationTarget | None:
+    return NotificationTarget.objects.filter(tenant=tenant).first()
+
+
+def clear_target(tenant: Tenant, *, actor: str) -> bool:
+    """No more notifications; those not yet sent are given up when next taken. False when there was no target."""
+    deleted, _ = NotificationTarget.objects.filter(tenant=tenant).delete()
+    if deleted:
+        logger.info("%s removed the notification target of tenant %s", actor, tenant.slug)
+    return bool(deleted)

@@ -1,0 +1,165 @@
+"""Notifications (docs/API.md, "Notifications"): a tenant's target set through the API hears, once per event and
+occurrence, of fires that went dead, were missed, skipped for overlap or got stuck; each POST is signed like a
+webhook and passes the reference verifier; delivery is at least once (a failing target is tried again) and a
+refusal is given up and shown."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+from django.db import connection
+from standardwebhooks import Webhook
+
+from core.clock import db_now
+from dispatch.models import Notification, Occurrence, OccurrenceState
+from dispatch.notifications import record_stuck, send_due
+from tests.conftest import api_client_for, occurrence_for, schedule_for
+from tests.integration.webhook_target import Reply, deliver
+
+NOTIFICATIONS = "/api/v1/notifications/"
+EVERY_EVENT = ["dead", "missed", "stuck", "skipped_overlap"]
+
+
+def subscribe(api, url: str, events=None):
+    response = api.put(NOTIFICATIONS, {"url": url, "events": events or EVERY_EVENT}, format="json")
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def send_round():
+    return send_due(db_now(), threading.Event())
+
+
+def occurrence(tenant, state=OccurrenceState.SCHEDULED, minutes_ago: int = 10, **fields) -> Occurrence:
+    schedule = schedule_for(tenant, name=f"job-{minutes_ago}-{state}")
+    at = db_now().replace(second=0, microsecond=0) - timedelta(minutes=minutes_ago)
+    return occurrence_for(schedule, at=at, state=state, **fields)
+
+
+def move(occ: Occurrence, state: str, reason: str = "") -> None:
+    Occurrence.objects.filter(pk=occ.pk).update(state=state, state_reason=reason)
+
+
+def test_a_dead_fire_is_told_once_signed_and_verifiable(api_a, tenant, target, webhook_occurrence):
+    secret = api_a.get("/api/v1/webhook-secret/").json()["secret"]
+    subscribe(api_a, f"{target.url}/alerts")
+    target.script(404)  # the webhook's own target refuses: the fire goes dead at once
+    occ = webhook_occurrence(tenant, {"url": f"{target.url}/hook"})
+
+    assert deliver(occ) == OccurrenceState.DEAD
+    assert send_round().delivered == 1
+    assert send_round().delivered == 0
+
+    alert = target.received[-1]
+    assert alert.path == "/alerts"
+    body = Webhook(secret).verify(alert.raw, {k.lower(): v for k, v in alert.headers.items()})
+    assert body["event"] == "dead" and body["state"] == "dead" and body["occurrence_id"] == str(occ.occurrence_id)
+    assert body["schedule_id"] == str(occ.schedule_id) and "answered 404" in body["error"]
+    assert alert.headers["webhook-id"] == f"dead-{occ.occurrence_id}"
+
+
+def test_missed_and_skipped_overlap_are_told_and_a_second_transition_is_not(api_a, tenant, target):
+    subscribe(api_a, target.url)
+    missed, skipped = occurrence(tenant, minutes_ago=10), occurrence(tenant, minutes_ago=20)
+
+    move(missed, OccurrenceState.MISSED, "later than max_lateness_seconds")
+    move(skipped, OccurrenceState.SKIPPED_OVERLAP, "the previous run was still going")
+    move(missed, OccurrenceState.SCHEDULED)
+    move(missed, OccurrenceState.MISSED, "again")
+    send_round()
+
+    assert sorted(r.body["event"] for r in target.received) == ["missed", "skipped_overlap"]
+    assert Notification.objects.filter(occurrence_id=missed.occurrence_id).count() == 1
+
+
+def test_only_the_events_asked_for_and_only_for_a_tenant_that_asked(api_a, tenant, tenant_b, target):
+    subscribe(api_a, target.url, ["dead"])
+    move(occurrence(tenant, minutes_ago=10), OccurrenceState.MISSED)
+    move(occurrence(tenant_b.tenant, minutes_ago=10), OccurrenceState.DEAD)
+
+    assert Notification.objects.count() == 0
+
+
+def test_a_stuck_occurrence_is_found_and_told_once(api_a, tenant, target):
+    subscribe(api_a, target.url, ["stuck"])
+    stuck = occurrence(tenant, OccurrenceState.ENQUEUED, minutes_ago=30)
+    occurrence(tenant, OccurrenceState.ENQUEUED, minutes_ago=1)  # not stuck yet
+
+    assert record_stuck(db_now()) == 1
+    assert record_stuck(db_now()) == 0
+    send_round()
+
+    (alert,) = target.received
+    assert (alert.body["event"], alert.body["state"]) == ("stuck", "enqueued")
+    assert alert.body["occurrence_id"] == str(stuck.occurrence_id) and "past its time" in alert.body["state_reason"]
+
+
+def test_a_failing_target_is_tried_again_until_it_answers(api_a, tenant, target):
+    subscribe(api_a, target.url)
+    first, second = occurrence(tenant, minutes_ago=10), occurrence(tenant, minutes_ago=20)
+    move(first, OccurrenceState.MISSED)
+    move(second, OccurrenceState.MISSED)
+    target.script(503)
+
+    failed = send_round()
+    # The target is down: the tenant's other notification waits without a call.
+    assert (failed.retried, failed.delivered, len(target.received)) == (2, 0, 1)
+    assert api_a.get(NOTIFICATIONS).json()["pending"] == 2
+    Notification.objects.update(next_attempt_at=db_now() - timedelta(seconds=1))
+    assert send_round().delivered == 2
+
+    ids = [r.headers["webhook-id"] for r in target.received]
+    assert ids.count(f"missed-{first.occurrence_id}") + ids.count(f"missed-{second.occurrence_id}") == 3
+    assert api_a.get(NOTIFICATIONS).json()["pending"] == 0
+
+
+def test_a_refusing_target_is_given_up_and_the_reason_shown(api_a, tenant, target):
+    subscribe(api_a, target.url)
+    move(occurrence(tenant), OccurrenceState.MISSED)
+    target.script(Reply(410))
+
+    assert send_round().given_up == 1
+
+    state = api_a.get(NOTIFICATIONS).json()
+    assert (state["pending"], state["given_up"]) == (0, 1) and "answered 410" in state["last_error"]
+
+
+def test_a_sender_that_died_mid_send_leaves_the_notification_to_another(api_a, tenant, target):
+    subscribe(api_a, target.url)
+    move(occurrence(tenant), OccurrenceState.MISSED)
+    with connection.cursor() as cursor:
+        # A sender took it (its lease moved next_attempt_at ahead) and died before recording anything.
+        cursor.execute("UPDATE dispatch_notification SET next_attempt_at = now() + interval '2 minutes', attempts = 1")
+    assert send_round().delivered == 0
+
+    Notification.objects.update(next_attempt_at=db_now() - timedelta(seconds=1))  # the lease ran out
+
+    assert send_round().delivered == 1 and len(target.received) == 1
+
+
+def test_the_target_is_read_replaced_and_removed_through_the_api(api_a, tenant_a, target):
+    assert api_a.get(NOTIFICATIONS).status_code == 404
+    subscribe(api_a, target.url, ["stuck", "dead"])
+
+    shown = api_a.get(NOTIFICATIONS).json()
+    assert (shown["url"], shown["events"], shown["selector"]) == (target.url, ["dead", "stuck"], "")
+    reader = api_client_for(tenant_a, api_a.post("/api/v1/tokens/", {"name": "r", "scope": "read"}).json()["token"])
+    assert reader.get(NOTIFICATIONS).status_code == 200
+    assert reader.put(NOTIFICATIONS, {"url": target.url, "events": ["dead"]}, format="json").status_code == 403
+    assert api_a.delete(NOTIFICATIONS).status_code == 204
+    assert api_a.get(NOTIFICATIONS).status_code == 404 and api_a.delete(NOTIFICATIONS).status_code == 404
+
+
+def test_a_wrong_target_is_a_400_naming_the_field(api_a, target):
+    cases = [
+        ({"url": "file:///etc/passwd", "events": ["dead"]}, "url"),
+        ({"url": target.url, "events": []}, "events"),
+        ({"url": target.url, "events": ["dead", "dead"]}, "events"),
+        ({"url": target.url, "events": ["exploded"]}, "events"),
+        ({"url": target.url, "events": ["dead"], "selector": "team=payments"}, "selector"),
+        ({"url": target.url, "events": ["dead"], "colour": "red"}, "colour"),
+    ]
+    for body, field in cases:
+        response = api_a.put(NOTIFICATIONS, body, format="json")
+        assert response.status_code == 400 and field in response.json(), (body, response.content)
