@@ -18,7 +18,6 @@ __all__ = [
     "CronField",
     "CronSpec",
     "TimeRuleError",
-    "cron_pattern",
     "normalize_cron",
     "parse_cron",
 ]
@@ -385,64 +384,3 @@ def _check_satisfiable(spec: CronSpec) -> None:
         return
     message = f"day-of-month {spec.dom.text!r} never occurs in month {spec.month.text!r}"
     raise TimeRuleError("cron", f"The expression never fires: {message}.")
-
-
-# --- the syntax as one regular expression -----------------------------------------------------------------
-# The API schema publishes it as the `pattern` of a cron expression, so a client (or a fuzzer) can check an
-# expression without asking. It carries the syntax and every field's values and steps; two rules stay out, since
-# a regular expression can only state them by listing cases (tens of kilobytes): a range must ascend, and when
-# the day-of-week field starts with '*', a selected day-of-month must occur in a selected month. Every expression
-# parse_cron accepts matches it, and a match that parse_cron refuses breaks one of those two rules
-# (tests/unit/test_cron_pattern.py).
-
-# What str.strip() removes: the API strips text fields before they reach parse_cron.
-_STRIPPED = "\\t-\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
-
-
-@functools.cache
-def cron_pattern() -> str:
-    """An ECMA-262 (and Python) regular expression, anchored: five fields of comma lists of '*', '*/n', 'v',
-    'a-b' and 'a-b/n' with each field's values, names and steps, or a macro; white space around it."""
-    fields = "[ \\t]+".join(_field(spec) for spec in _FIELD_SPECS)
-    macros = "|".join(_any_case(name) for name in MACROS)
-    return f"^[{_STRIPPED}]*(?:{fields}|{macros})[{_STRIPPED}]*$"
-
-
-def _field(spec: _FieldSpec) -> str:
-    value = _number(spec.low, spec.high)
-    if spec.names:
-        value = f"(?:{value}|{'|'.join(_any_case(name) for name in spec.names)})"
-    step = f"/{_number(1, spec.high - spec.low + 1)}"
-    plain = f"(?:\\*|{value}-{value})(?:{step})?|{value}"
-    if spec.name == "day-of-month":  # L, and NW
-        plain += f"|[lL]|{value}[wW]"
-    elif spec.name == "day-of-week":  # D#N, and DL
-        plain += f"|{value}(?:#0*[1-5]|[lL])"
-    element = f"(?:{plain})"
-    return f"{element}(?:,{element})*"
-
-
-def _number(low: int, high: int) -> str:
-    """Decimal numerals of low..high (at most 99), leading zeros allowed as int() reads them."""
-    options = []
-    if low <= 9:
-        options.append(_digit(low, min(high, 9)))
-    full_tens = [
-        tens for tens in range(max(1, low // 10), high // 10 + 1) if low <= 10 * tens and 10 * tens + 9 <= high
-    ]
-    if full_tens:
-        options.append(f"{_digit(full_tens[0], full_tens[-1])}[0-9]")
-    for tens in range(max(1, low // 10), high // 10 + 1):
-        first, last = max(low - 10 * tens, 0), min(high - 10 * tens, 9)
-        if tens not in full_tens and first <= last:
-            options.append(f"{tens}{_digit(first, last)}")
-    return f"0*(?:{'|'.join(options)})"
-
-
-def _digit(low: int, high: int) -> str:
-    return str(low) if low == high else f"[{low}-{high}]"
-
-
-def _any_case(word: str) -> str:
-    # The expression is lowercased before parsing; a pattern has no flags, so each letter lists both cases.
-    return "".join(f"[{char}{char.upper()}]" if char.isalpha() else re.escape(char) for char in word)

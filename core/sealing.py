@@ -29,12 +29,18 @@ def derived_key(secret_key: str) -> bytes:
 
 
 @cache
-def _keyring(keys: tuple[str, ...], secret_key: str) -> MultiFernet:
-    return MultiFernet([Fernet(key) for key in keys] if keys else [Fernet(derived_key(secret_key))])
+def _keyring(keys: tuple[str, ...], secret_keys: tuple[str, ...]) -> MultiFernet:
+    if keys:
+        return MultiFernet([Fernet(key) for key in keys])
+    # Derived from SECRET_KEY, which seals, and from SECRET_KEY_FALLBACKS, which still unseal: rotating SECRET_KEY
+    # the way Django documents keeps every secret readable until `reseal_secrets` moved it to the new key.
+    return MultiFernet([Fernet(derived_key(secret)) for secret in secret_keys])
 
 
 def keyring() -> MultiFernet:
-    return _keyring(tuple(settings.SCHEDULER_ENCRYPTION_KEYS), settings.SECRET_KEY)
+    return _keyring(
+        tuple(settings.SCHEDULER_ENCRYPTION_KEYS), (settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", ()))
+    )
 
 
 def seal(plain: str) -> str:

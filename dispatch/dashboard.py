@@ -181,10 +181,15 @@ def build(*, shards: int | None = None, lag: LagWindow | None = None, tenant_ids
                     "sent": dash.sent_by_tenant.get(tenant_id, 0),
                 }
             )
-        cursor.execute(dashboard_sql.RUNNING_BY_WORKER)
-        running_by_worker = dict(cursor.fetchall())
-        cursor.execute(dashboard_sql.PROCESSES, {"recent": RECENT_PROCESSES_SECONDS})
-        for role, name, started_at, age, leases in cursor.fetchall():
+        # The processes (host names, what each holds for every tenant) are the platform's: not a scoped operator's.
+        processes: list[tuple] = []
+        running_by_worker: dict[str, int] = {}
+        if tenant_ids is None:
+            cursor.execute(dashboard_sql.RUNNING_BY_WORKER)
+            running_by_worker = dict(cursor.fetchall())
+            cursor.execute(dashboard_sql.PROCESSES, {"recent": RECENT_PROCESSES_SECONDS})
+            processes = cursor.fetchall()
+        for role, name, started_at, age, leases in processes:
             dash.processes.append(
                 {
                     "role": role,

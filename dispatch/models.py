@@ -273,7 +273,10 @@ class Notification(models.Model):
     # When a sender may take it next: now for a new one; a sender that takes it moves this ahead as its lease, so
     # one that dies mid-send leaves it to another after that.
     next_attempt_at = models.DateTimeField(db_default=Now())
+    # Which take holds it: every record of a send names it, so a sender whose lease ran out records nothing.
+    lease = models.UUIDField(null=True, blank=True)
     attempts = models.IntegerField(db_default=0)
+    first_tried_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
     given_up_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, db_default="")
@@ -288,6 +291,9 @@ class Notification(models.Model):
                 name="notification_due",
                 condition=models.Q(delivered_at__isnull=True, given_up_at__isnull=True),
             ),
+            # A tenant's delivery state (GET /api/v1/notifications/), and the retention's deletes.
+            models.Index(fields=["tenant_id", "next_attempt_at"], name="notification_by_tenant"),
+            models.Index(fields=["created_at"], name="notification_by_age"),
         ]
 
     def __str__(self) -> str:

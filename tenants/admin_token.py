@@ -27,7 +27,7 @@ from tenants.credentials.models import TokenScope
 from tenants.credentials.tokens import TokenInvalid, TokenLimitReached, issue_token, revoke_token, tokens_of
 from tenants.models import Tenant
 from tenants.notifications import target_of
-from tenants.signing import rotate_secret, secret_state
+from tenants.signing import RotationRefused, rotate_secret, secret_state
 
 # The lifetimes the console offers, in days (the API takes any instant up to SCHEDULER_TOKEN_MAX_DAYS).
 LIFETIMES = (7, 30, 90, 365)
@@ -119,9 +119,13 @@ class TenantTokenMixin:
             elif operation == "revoke":
                 self._revoke(request, tenant)
             elif operation == "rotate_secret":
-                rotate_secret(tenant, actor=operator_actor(request), now=db_now())
-                log_changes(request, [(tenant, "Rotated the webhook signing secret (the old one signs for 24 h).")])
-                messages.success(request, "Webhook secret rotated: calls carry both signatures for 24 hours.")
+                try:
+                    rotate_secret(tenant, actor=operator_actor(request), now=db_now())
+                except RotationRefused as exc:
+                    messages.error(request, exc.message)
+                else:
+                    log_changes(request, [(tenant, "Rotated the webhook signing secret (the old one signs for 24 h).")])
+                    messages.success(request, "Webhook secret rotated: calls carry both signatures for 24 hours.")
             else:
                 messages.error(request, "Choose to issue or to revoke a token, or to rotate the webhook secret.")
         response = TemplateResponse(

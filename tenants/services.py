@@ -104,6 +104,8 @@ def provision_tenant(slug: str, *, domain: str, name: str | None = None, **quota
         actor="provision_tenant",
         now=(now := db_now()),
         expires_at=now + timedelta(days=settings.SCHEDULER_TOKEN_MAX_DAYS),
+        # An operator's step, run again as often as needed: not bounded by the tenant's count of tokens.
+        bounded=False,
     ).key
     logger.info("provisioned tenant %s (created=%s)", slug, created, extra={"action": "provision_tenant"})
     return Provisioned(tenant=tenant, domain=domain, token=token, created=created)

@@ -7,6 +7,10 @@ from django.db import migrations, models
 # whose WHEN clause picks the few rows that matter, so the hot statements (materializing, settling, claiming)
 # queue no trigger call at all. Stuck is no state: dispatch/notifications.py writes those from the stuck search.
 NOTIFY = """
+-- CREATE TRIGGER locks the occurrence table (every partition) against writes until the commit: wait for that lock
+-- at most 5 s, as every upkeep lock does, so a long statement on a partition fails this migration instead of
+-- stalling every write of the data plane behind it; run it again.
+SET LOCAL lock_timeout = '5s';
 CREATE FUNCTION public.dispatch_occurrence_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO public.dispatch_notification (tenant_id, event, occurrence_id, scheduled_for, schedule_id, state,
@@ -54,13 +58,15 @@ class Migration(migrations.Migration):
                 ('state_reason', models.TextField(blank=True, db_default='')),
                 ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
                 ('next_attempt_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                ('lease', models.UUIDField(blank=True, null=True)),
                 ('attempts', models.IntegerField(db_default=0)),
+                ('first_tried_at', models.DateTimeField(blank=True, null=True)),
                 ('delivered_at', models.DateTimeField(blank=True, null=True)),
                 ('given_up_at', models.DateTimeField(blank=True, null=True)),
                 ('last_error', models.TextField(blank=True, db_default='')),
             ],
             options={
-                'indexes': [models.Index(condition=models.Q(('delivered_at__isnull', True), ('given_up_at__isnull', True)), fields=['next_attempt_at'], name='notification_due')],
+                'indexes': [models.Index(condition=models.Q(('delivered_at__isnull', True), ('given_up_at__isnull', True)), fields=['next_attempt_at'], name='notification_due'), models.Index(fields=['tenant_id', 'next_attempt_at'], name='notification_by_tenant'), models.Index(fields=['created_at'], name='notification_by_age')],
                 'constraints': [models.UniqueConstraint(fields=('event', 'occurrence_id'), name='notification_once_per_event')],
             },
         ),

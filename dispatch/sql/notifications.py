@@ -3,22 +3,32 @@ occurrences (a row per event a tenant asked for); the partial index notification
 
 from __future__ import annotations
 
-# Take up to %(limit)s due notifications, with the target's URL as it is now: each moves its next_attempt_at ahead
-# by the lease, so a sender that dies mid-send leaves it to another after that; SKIP LOCKED lets several workers'
-# senders share the table. clock_timestamp() here and below: the instant of the statement, not of a transaction.
+# Take up to %(limit)s due notifications, at most %(per_tenant)s of one tenant (a tenant with a backlog does not hold
+# the others' back), with the target's URL as it is now. Each is stamped with this take's %(lease)s and its
+# next_attempt_at moves ahead by %(lease_seconds)s: a sender that dies mid-send leaves it to another after that, and
+# every record below names the lease, so a sender whose lease ran out records nothing. SKIP LOCKED lets several
+# workers' senders share the table. clock_timestamp() here and below: the statement's instant, not a transaction's.
 TAKE_DUE = """
 UPDATE dispatch_notification AS n
-SET next_attempt_at = clock_timestamp() + make_interval(secs => %(lease)s), attempts = n.attempts + 1
+SET next_attempt_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s), lease = %(lease)s
 FROM (
-    SELECT id FROM dispatch_notification
-    WHERE delivered_at IS NULL AND given_up_at IS NULL AND next_attempt_at <= clock_timestamp()
-    ORDER BY next_attempt_at, id
+    SELECT id FROM (
+        SELECT id, row_number() OVER (PARTITION BY tenant_id ORDER BY next_attempt_at, id) AS place
+        FROM (
+            SELECT id, tenant_id, next_attempt_at FROM dispatch_notification
+            WHERE delivered_at IS NULL AND given_up_at IS NULL AND next_attempt_at <= clock_timestamp()
+            ORDER BY next_attempt_at, id
+            LIMIT %(scan)s
+            FOR UPDATE SKIP LOCKED
+        ) AS locked
+    ) AS ranked
+    WHERE place <= %(per_tenant)s
+    ORDER BY id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
 ) AS due
 WHERE n.id = due.id
 RETURNING n.id, n.tenant_id, n.event, n.occurrence_id, n.scheduled_for, n.schedule_id, n.state, n.state_reason,
-          n.attempts, n.created_at,
+          n.attempts, COALESCE(n.first_tried_at, clock_timestamp()),
           (SELECT t.url FROM tenants_notificationtarget AS t WHERE t.tenant_id = n.tenant_id),
           -- What the last attempt said (a dead fire's error): its partition by scheduled_for, its row by key.
           (SELECT a.error FROM dispatch_attempt AS a
@@ -26,18 +36,31 @@ RETURNING n.id, n.tenant_id, n.event, n.occurrence_id, n.scheduled_for, n.schedu
            ORDER BY a.generation DESC LIMIT 1)
 """
 
-DELIVERED = "UPDATE dispatch_notification SET delivered_at = clock_timestamp(), last_error = '' WHERE id = ANY(%(ids)s)"
+# A call was made: counted, and the first one's instant kept (giving up is judged from it).
+TRIED = """
+UPDATE dispatch_notification SET attempts = attempts + 1, first_tried_at = COALESCE(first_tried_at, clock_timestamp())
+WHERE id = ANY(%(ids)s) AND lease = %(lease)s
+"""
 
-# Sent again after %(delay)s seconds (never past the giving up: that is decided when it is next taken).
+DELIVERED = """
+UPDATE dispatch_notification SET delivered_at = clock_timestamp(), last_error = ''
+WHERE id = ANY(%(ids)s) AND lease = %(lease)s
+"""
+
+# Sent again after %(delay)s seconds.
 RETRY_LATER = """
 UPDATE dispatch_notification
 SET next_attempt_at = clock_timestamp() + make_interval(secs => %(delay)s), last_error = %(error)s
-WHERE id = ANY(%(ids)s)
+WHERE id = ANY(%(ids)s) AND lease = %(lease)s
 """
 
-GIVE_UP = (
-    "UPDATE dispatch_notification SET given_up_at = clock_timestamp(), last_error = %(error)s WHERE id = ANY(%(ids)s)"
-)
+GIVE_UP = """
+UPDATE dispatch_notification SET given_up_at = clock_timestamp(), last_error = %(error)s
+WHERE id = ANY(%(ids)s) AND lease = %(lease)s
+"""
+
+# One sender at a time runs the stuck search (a transaction-scoped advisory lock; the others skip it).
+STUCK_SEARCH_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('dispatch.notifications.stuck'))"
 
 # The tenants that asked to hear of stuck occurrences.
 STUCK_SUBSCRIBERS = "SELECT tenant_id FROM tenants_notificationtarget WHERE 'stuck' = ANY(events)"

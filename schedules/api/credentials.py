@@ -88,6 +88,7 @@ class TokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
             expires_at=body.validated_data.get("expires_at"),
             actor=actor_of(request),
             now=db_now(),
+            not_after=getattr(request.user, "expires_at", None),
         )
         data = {**TokenSerializer(issued.token).data, "token": issued.key}
         return Response(data, status=status.HTTP_201_CREATED)
@@ -131,7 +132,11 @@ class WebhookSecretRotateView(APIView):
     permission_classes = [*APIView.permission_classes, WriteScopeOnly]
 
     @extend_schema(
-        operation_id="webhook_secret_rotate", request=None, responses={200: WebhookSecretSerializer, **errors()}
+        operation_id="webhook_secret_rotate",
+        request=None,
+        responses={200: WebhookSecretSerializer, **errors(409)},
+        description="A new secret; the old one keeps signing for 24 hours. 409 while the last rotation's 24 hours "
+        "run (both secrets sign until previous_valid_until).",
     )
     def post(self, request: Request) -> Response:
         state = signing.rotate_secret(request.tenant, actor=actor_of(request), now=db_now())

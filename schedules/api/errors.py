@@ -14,6 +14,7 @@ from schedules.api.throttles import unauthenticated_wait
 from schedules.errors import Gone, QuotaExceeded, ScheduleInvalid, StateConflict
 from tenants.credentials.tokens import TokenInvalid, TokenLimitReached
 from tenants.notifications import NotificationsInvalid
+from tenants.signing import RotationRefused
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -22,6 +23,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, Gone):
         return Response({"detail": exc.message}, status=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, StateConflict):
+        return Response({"detail": exc.message}, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, RotationRefused):
         return Response({"detail": exc.message}, status=status.HTTP_409_CONFLICT)
     if isinstance(exc, ReplayRefused):
         # The data plane's own refusal: the occurrence is not dead, or its schedule is canceled.

@@ -24,7 +24,10 @@ TARGET_KEYS = {"url", "events", "selector"}
 
 
 class NotificationsInputSerializer(serializers.Serializer):
-    url = serializers.CharField(help_text="http(s) URL each notification is POSTed to, signed like a webhook.")
+    url = serializers.CharField(
+        help_text="http(s) URL each notification is POSTed to, signed like a webhook; the webhook's URL rule applies "
+        "(a host, no credentials, no refused address as a literal): a URL it refuses is a 400 naming url."
+    )
     events = FlatListField(child=serializers.ChoiceField(choices=NotificationEvent.choices), min_length=1, max_length=4)
     selector = serializers.CharField(
         required=False, allow_blank=True, allow_null=True, help_text="Empty: every schedule of the tenant."

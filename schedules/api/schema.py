@@ -22,7 +22,7 @@ from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 
-from core.cron_syntax import MAX_CRON_LENGTH, cron_pattern
+from core.cron_syntax import MAX_CRON_LENGTH
 from core.timerules import EVERY_SECONDS_RANGE, zone_names
 from dispatch.services import registered_names
 from schedules.api.serializers import EARLIEST_INSTANT, LATEST_INSTANT, MAX_IDEMPOTENCY_KEY_LENGTH
@@ -143,11 +143,12 @@ class TimezoneNameFieldExtension(OpenApiSerializerFieldExtension):
 
 
 CRON_DESCRIPTION = (
-    "Five fields, minute hour day-of-month month day-of-week, each a comma list of '*', '*/n', a value, a range "
-    "'a-b' or 'a-b/n', with Vixie cron's values and names (jan-dec, sun-sat, any case; 7 is Sunday too); or a "
-    "macro (@yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly). The pattern states all of that. "
-    "Two rules it leaves to this text: a range ascends ('5-3' is refused), and when the day-of-week field starts "
-    "with '*', a selected day-of-month must occur in a selected month ('0 0 31 2 *' never fires and is refused). "
+    "The grammar, checked by the API (a 400 naming `cron` says what is wrong and where): five fields separated by "
+    "spaces, minute (0-59) hour (0-23) day-of-month (1-31) month (1-12 or jan-dec) day-of-week (0-7 or sun-sat, 0 "
+    "and 7 both Sunday), names in any case; each field a comma list of '*', '*/n', a value, a range 'a-b' or "
+    "'a-b/n'; or a macro (@yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly). A range ascends "
+    "('5-3' is refused), and when the day-of-week field starts with '*', a selected day-of-month must occur in a "
+    "selected month ('0 0 31 2 *' never fires and is refused). "
     "When both day fields are restricted, a day matching either fires. The day fields also take the calendar "
     "extensions, alone or in a list, never in a range or with a step: day-of-month 'L' (the month's last day) and "
     "'NW' (the weekday nearest day N, within the month: '15W'), day-of-week 'D#N' (the N-th weekday D of the "
@@ -166,7 +167,6 @@ class CronExpressionFieldExtension(OpenApiSerializerFieldExtension):
         return {
             "type": "string",
             "maxLength": MAX_CRON_LENGTH,
-            "pattern": cron_pattern(),
             "description": CRON_DESCRIPTION,
             "example": "30 2 * * *",
         }

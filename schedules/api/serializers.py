@@ -225,13 +225,18 @@ class ScheduleInputSerializer(serializers.Serializer):
         allow_null=True,
         max_length=MAX_CALENDARS_PER_SCHEDULE,
         help_text="Names of the tenant's calendars (/api/v1/calendars/): a fire whose local date (in this schedule's "
-        "zone) is one of their dates, or whose instant lies in one of their ranges, does not exist.",
+        "zone) is one of their dates, or whose instant lies in one of their ranges, does not exist. A name the "
+        "tenant has no calendar of is a 400.",
     )
     lane = _choice_field(Lane)
     flexible_window_seconds = _int_field("flexible_window_seconds")
     priority = _int_field("priority")
     handler = HandlerNameField(required=False, max_length=100)
-    payload = JSONObjectField(required=False)
+    payload = JSONObjectField(
+        required=False,
+        help_text="Given to the handler. A handler may check it when the schedule is saved (the webhook's rules: "
+        'docs/API.md, "Handlers"); a payload it refuses is a 400 naming payload.',
+    )
     misfire_policy = _choice_field(MisfirePolicy)
     max_lateness_seconds = _int_field("max_lateness_seconds")
     catchup_limit = _int_field("catchup_limit")

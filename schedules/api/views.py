@@ -134,7 +134,13 @@ class ScheduleViewSet(
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
 
-    @extend_schema(request=ScheduleInputSerializer, responses={200: ScheduleSerializer, **errors(404, 409, 413)})
+    @extend_schema(
+        request=ScheduleInputSerializer,
+        responses={200: ScheduleSerializer, **errors(404, 409, 413)},
+        description="Changes the fields given; the result is checked as a whole, as a create is. A time field that "
+        "the resulting kind does not use (run_at on a cron schedule, cron on a one-off, every_seconds or anchor_at "
+        "on either) is a 400 naming it, and so is a new kind without the fields it needs.",
+    )
     def partial_update(self, request: Request, pk: str | None = None) -> Response:
         schedule = self.get_object()
         body = ScheduleInputSerializer(data=request.data, context={"current": ScheduleSerializer(schedule).data})

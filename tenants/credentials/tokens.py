@@ -68,6 +68,7 @@ class TokenPrincipal:
     token_id: int
     name: str
     scope: str
+    expires_at: datetime
     is_authenticated = True
     is_anonymous = False
 
@@ -95,24 +96,30 @@ def _refuse_public(tenant: Tenant) -> None:
         raise TokenInvalid({"tenant": ["The platform's public tenant serves the console, not the API: no tokens."]})
 
 
-def clean_token(name: object, scope: object, expires_at: datetime | None, *, now: datetime) -> dict[str, object]:
+def clean_token(
+    name: object, scope: object, expires_at: datetime | None, *, now: datetime, not_after: datetime | None = None
+) -> dict[str, object]:
     """The checked fields of a new token, or TokenInvalid naming each wrong one. expires_at None: the default
-    lifetime (SCHEDULER_TOKEN_DEFAULT_DAYS); at most SCHEDULER_TOKEN_MAX_DAYS ahead: no key lives forever."""
+    lifetime (SCHEDULER_TOKEN_DEFAULT_DAYS); at most SCHEDULER_TOKEN_MAX_DAYS ahead: no key lives forever; and
+    never after `not_after` (the end of the token that issues it: a key cannot mint one that outlives it)."""
     errors: dict[str, list[str]] = {}
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
         errors["name"] = [NAME_RULE]
     if scope not in TokenScope.values:
         errors["scope"] = [f"One of {', '.join(TokenScope.values)}."]
     latest = now + timedelta(days=settings.SCHEDULER_TOKEN_MAX_DAYS)
+    if not_after is not None and not_after < latest:
+        latest = not_after
     if expires_at is None:
-        expires_at = now + timedelta(days=settings.SCHEDULER_TOKEN_DEFAULT_DAYS)
+        expires_at = min(now + timedelta(days=settings.SCHEDULER_TOKEN_DEFAULT_DAYS), latest)
     elif expires_at.tzinfo is None:
         errors["expires_at"] = ["An instant with its UTC offset, e.g. 2027-03-01T00:00:00Z."]
     elif expires_at <= now:
         errors["expires_at"] = ["Must be in the future."]
     elif expires_at > latest:
         errors["expires_at"] = [
-            f"At most {settings.SCHEDULER_TOKEN_MAX_DAYS} days ahead (before {latest:%Y-%m-%dT%H:%M:%SZ})."
+            f"At most {settings.SCHEDULER_TOKEN_MAX_DAYS} days ahead, and not after the issuing token's own end "
+            f"(here: {latest:%Y-%m-%dT%H:%M:%SZ})."
         ]
     if errors:
         raise TokenInvalid(errors)
@@ -127,16 +134,19 @@ def issue_token(
     actor: str,
     now: datetime,
     expires_at: datetime | None = None,
+    not_after: datetime | None = None,
+    bounded: bool = True,
 ) -> Issued:
-    """A new token of the tenant; the key is in the result only. TokenLimitReached past MAX_TOKENS_PER_TENANT."""
+    """A new token of the tenant; the key is in the result only. Unless `bounded` is False (an operator's
+    provisioning), TokenLimitReached when the tenant holds MAX_TOKENS_PER_TENANT tokens that have not ended."""
     _refuse_public(tenant)
-    fields = clean_token(name, scope, expires_at, now=now)
+    fields = clean_token(name, scope, expires_at, now=now, not_after=not_after)
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     with schema_context(tenant.schema_name), transaction.atomic():
         # Serialises issuing in this schema, so two racing requests cannot both take the last place.
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"issue_token:{tenant.schema_name}"])
-        if ApiToken.objects.count() >= MAX_TOKENS_PER_TENANT:
+        if bounded and ApiToken.objects.filter(expires_at__gt=now).count() >= MAX_TOKENS_PER_TENANT:
             raise TokenLimitReached(
                 f"Tenant {tenant.slug} holds {MAX_TOKENS_PER_TENANT} tokens, the most it may; revoke one first.",
                 QUOTA_RETRY_AFTER_SECONDS,
@@ -191,7 +201,7 @@ def authenticate_key(key: str) -> TokenPrincipal:
             expired=ExpressionWrapper(Q(expires_at__lte=Now()), output_field=BooleanField()),
             used_lately=ExpressionWrapper(Q(last_used_at__gt=Now() - LAST_USED_PRECISION), output_field=BooleanField()),
         )
-        .only("name", "scope")
+        .only("name", "scope", "expires_at")
         .first()
     )
     if token is None:
@@ -200,4 +210,4 @@ def authenticate_key(key: str) -> TokenPrincipal:
         raise TokenRefused("Token expired.")
     if not token.used_lately:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=Now())
-    return TokenPrincipal(token_id=token.pk, name=token.name, scope=token.scope)
+    return TokenPrincipal(token_id=token.pk, name=token.name, scope=token.scope, expires_at=token.expires_at)

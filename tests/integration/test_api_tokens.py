@@ -148,3 +148,31 @@ def test_the_migration_turns_plaintext_keys_into_digests_that_keep_working(tenan
         assert moved.name == "legacy" and moved.scope == "write" and moved.expires_at > timezone.now()
     connection.set_schema_to_public()
     assert api_client_for(tenant_a, token=key).get(SCHEDULES).status_code == 200
+
+
+def test_a_token_cannot_issue_one_that_outlives_it(api_a, tenant_a):
+    ends = timezone.now() + timedelta(days=7)
+    short = issue(api_a, name="short-lived", expires_at=ends.isoformat())
+    minting = api_client_for(tenant_a, token=short["token"])
+
+    longer = minting.post(
+        TOKENS,
+        {"name": "longer", "scope": "write", "expires_at": (ends + timedelta(days=1)).isoformat()},
+        format="json",
+    )
+    defaulted = minting.post(TOKENS, {"name": "defaulted", "scope": "read"}, format="json")
+
+    assert longer.status_code == 400 and "issuing token" in longer.json()["expires_at"][0]
+    assert defaulted.status_code == 201
+    assert defaulted.json()["expires_at"] <= short["expires_at"]
+
+
+def test_ended_tokens_do_not_count_against_the_bound(api_a, tenant_a, monkeypatch):
+    held = len(tokens.tokens_of(tenant_a.tenant))
+    monkeypatch.setattr(tokens, "MAX_TOKENS_PER_TENANT", held + 1)
+    ended = issue(api_a, name="ended")
+    with schema_context(tenant_a.tenant.schema_name):
+        ApiToken.objects.filter(pk=ended["id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
+    connection.set_schema_to_public()
+
+    assert api_a.post(TOKENS, {"name": "fresh", "scope": "read"}, format="json").status_code == 201

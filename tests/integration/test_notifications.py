@@ -6,6 +6,7 @@ refusal is given up and shown."""
 from __future__ import annotations
 
 import threading
+import uuid
 from datetime import timedelta
 
 from django.db import connection
@@ -13,7 +14,9 @@ from standardwebhooks import Webhook
 
 from core.clock import db_now
 from dispatch.models import Notification, Occurrence, OccurrenceState
-from dispatch.notifications import record_stuck, send_due
+from dispatch.notifications import PER_TENANT, Due, _record, record_stuck, send_due
+from dispatch.sql import notifications as sql
+from tenants.models import WebhookSecret
 from tests.conftest import api_client_for, occurrence_for, schedule_for
 from tests.integration.webhook_target import Reply, deliver
 
@@ -163,3 +166,64 @@ def test_a_wrong_target_is_a_400_naming_the_field(api_a, target):
     for body, field in cases:
         response = api_a.put(NOTIFICATIONS, body, format="json")
         assert response.status_code == 400 and field in response.json(), (body, response.content)
+
+
+def test_a_notification_never_tried_is_not_given_up_however_long_it_waited(api_a, tenant, target):
+    subscribe(api_a, target.url)
+    move(occurrence(tenant), OccurrenceState.MISSED)
+    Notification.objects.update(created_at=db_now() - timedelta(days=2))  # the workers were down for two days
+
+    assert send_round().delivered == 1
+
+
+def test_a_day_of_failures_since_the_first_call_gives_up(api_a, tenant, target):
+    subscribe(api_a, target.url)
+    move(occurrence(tenant), OccurrenceState.MISSED)
+    Notification.objects.update(first_tried_at=db_now() - timedelta(hours=25), attempts=30)
+    target.script(503)
+
+    assert send_round().given_up == 1
+    assert "failing for over" in Notification.objects.get().last_error
+
+
+def test_one_tenants_unforeseen_error_holds_back_no_other_tenant(api_a, api_b, tenant, tenant_b, target):
+    subscribe(api_a, target.url)
+    subscribe(api_b, target.url)
+    move(occurrence(tenant), OccurrenceState.MISSED)
+    move(occurrence(tenant_b.tenant), OccurrenceState.MISSED)
+    api_a.get("/api/v1/webhook-secret/")
+    WebhookSecret.objects.filter(tenant=tenant).update(current="no key opens this")
+
+    done = send_round()
+
+    assert (done.delivered, done.retried) == (1, 1)
+    failed = Notification.objects.get(tenant_id=tenant.pk)
+    assert failed.delivered_at is None and "SealBroken" in failed.last_error
+
+
+def test_a_round_takes_a_bounded_share_of_one_tenants_backlog(api_a, api_b, tenant, tenant_b, target):
+    subscribe(api_a, target.url)
+    subscribe(api_b, target.url)
+    for minutes in range(PER_TENANT + 5):
+        move(occurrence(tenant, minutes_ago=10 + minutes), OccurrenceState.MISSED)
+    move(occurrence(tenant_b.tenant, minutes_ago=10), OccurrenceState.MISSED)
+
+    done = send_round()
+
+    assert done.taken == PER_TENANT + 1
+    assert Notification.objects.filter(tenant_id=tenant_b.tenant.pk, delivered_at__isnull=False).count() == 1
+
+
+def test_a_sender_whose_lease_ran_out_records_nothing(api_a, tenant, target):
+    subscribe(api_a, target.url)
+    move(occurrence(tenant), OccurrenceState.MISSED)
+    stale, current = uuid.uuid4(), uuid.uuid4()
+    Notification.objects.update(lease=current)
+    row = Notification.objects.get()
+    due = Due(row.id, row.tenant_id, row.event, row.occurrence_id, row.scheduled_for, row.schedule_id, row.state,
+              row.state_reason, 1, db_now(), target.url, None)  # fmt: skip
+
+    _record(sql.DELIVERED, [due], stale)
+    assert Notification.objects.get().delivered_at is None
+    _record(sql.DELIVERED, [due], current)
+    assert Notification.objects.get().delivered_at is not None

@@ -128,6 +128,7 @@ def test_the_dashboard_counts_only_the_operators_tenants(tenant_a, rows):
     assert dead_tile.format(1) in scoped_page and dead_tile.format(2) in whole
     assert "fires due, not yet sent" not in scoped_page and "fires due, not yet sent" in whole
     assert "Fires due in the next 60 minutes" not in scoped_page
+    assert "<h2>Processes" not in scoped_page and "<h2>Processes" in whole
 
 
 def test_the_preview_refuses_another_tenants_calendars(tenant_a, tenant_b, rows):

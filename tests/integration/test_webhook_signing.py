@@ -90,6 +90,11 @@ def test_after_a_rotation_both_secrets_verify_for_a_day_then_only_the_new_one(
     assert verified(old, during) == verified(new, during) == {"n": 1}
     assert len(during.headers["webhook-signature"].split(" ")) == 2
 
+    # A second rotation within the day would end the oldest secret early: refused, both keep signing.
+    again = api_a.post(ROTATE)
+    assert again.status_code == 409 and "overlap" in again.json()["detail"]
+    assert api_a.get(SECRET).json()["secret"] == new
+
     # The overlap ends (by PostgreSQL's clock: the row says when).
     WebhookSecret.objects.filter(tenant=tenant).update(previous_until=db_now() - timedelta(seconds=1))
     deliver(webhook_occurrence(tenant, {"url": target.url, "body": {"n": 2}}))
@@ -136,3 +141,16 @@ def test_reseal_moves_every_secret_to_the_first_key_and_refuses_what_no_key_open
     settings.SCHEDULER_ENCRYPTION_KEYS = [derived_key("a key that never sealed anything")]
     with pytest.raises(CommandError, match="nothing was changed"):
         call_command("reseal_secrets", stdout=StringIO())
+
+
+def test_rotating_django_secret_key_keeps_secrets_readable_through_its_fallbacks(api_a, tenant, settings):
+    secret = api_a.get(SECRET).json()["secret"]
+    sealed = WebhookSecret.objects.get(tenant=tenant).current
+    settings.SCHEDULER_ENCRYPTION_KEYS = []
+    settings.SECRET_KEY_FALLBACKS = [settings.SECRET_KEY]
+    settings.SECRET_KEY = "the-next-secret-key-" + "y" * 40
+
+    assert unseal(sealed) == secret
+    settings.SECRET_KEY_FALLBACKS = []
+    with pytest.raises(SealBroken):
+        unseal(sealed)

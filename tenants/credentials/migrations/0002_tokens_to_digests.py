@@ -18,7 +18,7 @@ def keys_to_digests(apps, schema_editor):
         ApiToken.objects.get_or_create(
             digest=hashlib.sha256(token.key.encode()).hexdigest(),
             defaults={
-                "name": token.user.username,
+                "name": token.user.username[:100],
                 "scope": "write",
                 "prefix": token.key[:8],
                 "created_at": token.created,
