@@ -135,7 +135,7 @@ class TenantTokenMixin:
                 **self.admin_site.each_context(request),
                 "opts": self.opts,
                 "original": tenant,
-                "title": f"API tokens of {tenant.slug}",
+                "title": f"API credentials of {tenant.slug}",
                 "change_url": change_url,
                 "tokens": tokens_of(tenant),
                 "webhook_secret": secret_state(tenant, now=db_now()),

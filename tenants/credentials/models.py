@@ -7,7 +7,7 @@ from django.db import models
 
 
 class TokenScope(models.TextChoices):
-    READ = "read", "read (GET only)"
+    READ = "read", "read (GET and previews)"
     WRITE = "write", "write (every call)"
 
 

@@ -129,6 +129,7 @@ def test_the_dashboard_counts_only_the_operators_tenants(tenant_a, rows):
     assert "fires due, not yet sent" not in scoped_page and "fires due, not yet sent" in whole
     assert "Fires due in the next 60 minutes" not in scoped_page
     assert "<h2>Processes" not in scoped_page and "<h2>Processes" in whole
+    assert ">Metrics</a>" not in scoped_page  # /metrics names every tenant
 
 
 def test_the_preview_refuses_another_tenants_calendars(tenant_a, tenant_b, rows):

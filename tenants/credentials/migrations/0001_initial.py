@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('name', models.CharField(help_text="What the token is for, e.g. 'ci-deploy'; named in versions.", max_length=100)),
-                ('scope', models.CharField(choices=[('read', 'read (GET only)'), ('write', 'write (every call)')], max_length=5)),
+                ('scope', models.CharField(choices=[('read', 'read (GET and previews)'), ('write', 'write (every call)')], max_length=5)),
                 ('digest', models.CharField(help_text='SHA-256 of the key, hex.', max_length=64, unique=True)),
                 ('prefix', models.CharField(help_text="The key's first characters, to recognise it by.", max_length=12)),
                 ('created_at', models.DateTimeField()),
