@@ -25,6 +25,8 @@ BUSY_DOMAIN = "analytics.localhost"
 BUSY_SCHEDULES = 120
 BUSY_QUOTAS = {"max_fires_per_second": 20, "max_running": 5, "fairness_weight": 1}
 OPERATOR_USERNAME = "operator"
+# A read-only operator of the demo tenant only: the console as a tenant-scoped role sees it (tenants/access.py).
+VIEWER_USERNAME = "demo-viewer"
 # The demo schedule that starts paused, with a note and the instant it resumes by itself.
 PAUSED_UNTIL = ("partner-export", "partner freeze during their migration, CHG-204", timedelta(days=1))
 
@@ -174,6 +176,15 @@ class Command(BaseCommand):
             created += was_created
         password = os.environ.get("DEMO_OPERATOR_PASSWORD", "scheduler-demo")
         call_command("ensure_operator", username=OPERATOR_USERNAME, password=password, stdout=io.StringIO())
+        viewer_password = f"{password}-viewer"
+        call_command(
+            "ensure_operator",
+            username=VIEWER_USERNAME,
+            password=viewer_password,
+            role="read-only",
+            tenants=DEMO_SLUG,
+            stdout=io.StringIO(),
+        )
 
         base = f"http://{DEMO_DOMAIN}:{port}"
         lines = [
@@ -181,6 +192,7 @@ class Command(BaseCommand):
             "Scheduler demo is ready.",
             f"  Operator console : http://localhost:{port}/admin/",
             f"  Operator login   : user {OPERATOR_USERNAME!r}, password {password!r}",
+            f"  Read-only of demo: user {VIEWER_USERNAME!r}, password {viewer_password!r} (sees only that tenant)",
             f"  Metrics / health : http://localhost:{port}/metrics   http://localhost:{port}/healthz",
             *(
                 [f"  Metrics token    : Authorization: Bearer {settings.SCHEDULER_METRICS_TOKEN}"]
