@@ -12,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from schedules import calendars
+from schedules.api.filters import KnownParametersOnly
 from schedules.api.schema import errors
 from schedules.api.serializers import AwareDateTimeField, FlatListField
 from schedules.api.views import actor_of
@@ -108,7 +109,7 @@ class CalendarViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     serializer_class = CalendarSerializer
     lookup_field = "name"
     lookup_value_regex = "[^/]+"
-    filter_backends: list = []
+    filter_backends = [KnownParametersOnly]
 
     def get_queryset(self):
         return Calendar.objects.filter(tenant=self.request.tenant).order_by("name")

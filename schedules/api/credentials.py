@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.clock import db_now
+from schedules.api.filters import KnownParametersOnly
 from schedules.api.schema import errors
 from schedules.api.serializers import AwareDateTimeField
 from schedules.api.views import actor_of
@@ -71,7 +72,7 @@ class TokenInputSerializer(serializers.Serializer):
 class TokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     queryset = ApiToken.objects.none()
     serializer_class = TokenSerializer
-    filter_backends: list = []
+    filter_backends = [KnownParametersOnly]
 
     def get_queryset(self):
         # The request's schema is its tenant's (django-tenants): these are that tenant's tokens and no others.

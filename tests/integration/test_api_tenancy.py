@@ -248,3 +248,25 @@ def test_an_update_of_an_active_schedule_at_a_full_quota_is_allowed(api_a, tenan
 
     assert response.status_code == 200
     assert response.json()["version"] == 2
+
+
+@pytest.mark.parametrize(
+    ("path", "query"),
+    [
+        ("/api/v1/schedules/", "payload__customer=c-42"),
+        ("/api/v1/schedules/", "search=report"),
+        ("/api/v1/occurrences/", "tenant=2"),
+        ("/api/v1/calendars/", "name=x"),
+        ("/api/v1/tokens/", "scope=read"),
+    ],
+)
+def test_a_list_refuses_a_query_parameter_it_does_not_know(api_a, path, query):
+    response = api_a.get(f"{path}?{query}")
+
+    assert response.status_code == 400, response.content
+    assert query.split("=")[0] in response.json()
+
+
+def test_a_list_takes_its_filters_and_page(api_a):
+    assert api_a.get("/api/v1/schedules/?state=active&name=x&handler=log&page=1").status_code == 200
+    assert api_a.get("/api/v1/occurrences/?state=dead&scheduled_after=2026-01-01T00:00:00Z").status_code == 200
