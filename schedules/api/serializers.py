@@ -299,10 +299,15 @@ class PreviewInputSerializer(ScheduleInputSerializer):
         return {"definition": values, "after": after, "count": count}
 
 
-class PauseInputSerializer(serializers.Serializer):
-    """POST .../pause/: why (kept on the new version), and when to resume by itself."""
+class NoteInputSerializer(serializers.Serializer):
+    """POST .../resume/ and .../cancel/ (and DELETE): why, in the actor's words, kept on the new version."""
 
     note = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")
+
+
+class PauseInputSerializer(NoteInputSerializer):
+    """POST .../pause/: why (kept on the new version), and when to resume by itself."""
+
     resume_at = AwareDateTimeField(
         required=False,
         allow_null=True,

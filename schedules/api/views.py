@@ -24,6 +24,7 @@ from schedules.api.schema import IDEMPOTENCY_KEY, errors
 from schedules.api.serializers import (
     MAX_IDEMPOTENCY_KEY_LENGTH,
     InFlightSerializer,
+    NoteInputSerializer,
     OccurrenceIdSerializer,
     OccurrenceSerializer,
     PauseInputSerializer,
@@ -161,16 +162,22 @@ class ScheduleViewSet(
         )
         return Response(ScheduleSerializer(schedule).data)
 
-    @extend_schema(request=None, responses={200: ScheduleSerializer, **errors(404, 409)})
+    @extend_schema(request=NoteInputSerializer, responses={200: ScheduleSerializer, **errors(404, 409)})
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
-        schedule = services.resume_schedule(self.get_object(), actor=actor_of(request))
+        body = NoteInputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        schedule = services.resume_schedule(
+            self.get_object(), actor=actor_of(request), note=body.validated_data["note"]
+        )
         return Response(ScheduleSerializer(schedule).data)
 
-    @extend_schema(request=None, responses={200: CancelSerializer, **errors(404)})
+    @extend_schema(request=NoteInputSerializer, responses={200: CancelSerializer, **errors(404)})
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
-        result = services.cancel_schedule(self.get_object(), actor=actor_of(request))
+        body = NoteInputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        result = services.cancel_schedule(self.get_object(), actor=actor_of(request), note=body.validated_data["note"])
         return Response(
             {
                 "schedule": ScheduleSerializer(result.schedule).data,
@@ -178,7 +185,9 @@ class ScheduleViewSet(
             }
         )
 
-    @extend_schema(request=None, responses={200: CancelSerializer, **errors(404)}, description="The same as cancel.")
+    @extend_schema(
+        request=NoteInputSerializer, responses={200: CancelSerializer, **errors(404)}, description="The same as cancel."
+    )
     def destroy(self, request: Request, pk: str | None = None) -> Response:
         return ScheduleViewSet.cancel(self, request, pk)
 

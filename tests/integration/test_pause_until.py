@@ -180,3 +180,15 @@ def test_a_pause_whose_rule_cannot_be_read_is_logged_and_the_others_resume(tenan
 
     assert (Schedule.objects.get(pk=fine.id).state, Schedule.objects.get(pk=broken.id).state) == ("active", "paused")
     assert f"could not resume schedule {broken.id}" in caplog.text
+
+
+def test_resume_and_cancel_keep_their_notes_on_the_versions_too(api_a):
+    created = hourly(api_a)
+    api_a.post(f"{SCHEDULES}{created['id']}/pause/", {"note": "freeze"}, format="json")
+
+    resumed = api_a.post(f"{SCHEDULES}{created['id']}/resume/", {"note": "freeze over, CHG-9"}, format="json")
+    canceled = api_a.delete(f"{SCHEDULES}{created['id']}/", {"note": "customer left"}, format="json")
+
+    assert (resumed.status_code, canceled.status_code) == (200, 200)
+    notes = dict(ScheduleVersion.objects.filter(schedule_id=created["id"]).values_list("change", "note"))
+    assert (notes["resume"], notes["cancel"]) == ("freeze over, CHG-9", "customer left")
