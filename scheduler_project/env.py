@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import math
 import os
 import re
@@ -79,3 +80,17 @@ def env_rate(name: str, default: str) -> str:
             "e.g. 6000/min."
         )
     return f"{int(match[1])}/{match[2]}"
+
+
+def env_fernet_keys(name: str) -> list[str]:
+    """Fernet keys, comma-separated (32 bytes each, URL-safe base64); none when unset."""
+    keys = env_list(name, [])
+    for key in keys:
+        try:
+            if len(base64.urlsafe_b64decode(key.encode())) != 32:
+                raise ValueError
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{name} holds a value that is not a Fernet key (32 bytes, URL-safe base64)."
+            ) from None
+    return keys

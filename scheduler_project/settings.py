@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -11,7 +10,7 @@ import dj_database_url
 from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
-from scheduler_project.env import env_bool, env_float, env_int, env_list, env_rate, env_str
+from scheduler_project.env import env_bool, env_fernet_keys, env_float, env_int, env_list, env_rate, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -205,15 +204,7 @@ SCHEDULER_NUM_PROXIES = env_int("SCHEDULER_NUM_PROXIES", 0, minimum=0, maximum=1
 # Unset: one derived from SECRET_KEY, which `check --deploy` flags (a database copy and SECRET_KEY together
 # would then open the secrets). Make one with:
 #   python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"
-SCHEDULER_ENCRYPTION_KEYS = env_list("SCHEDULER_ENCRYPTION_KEYS", [])
-for _key in SCHEDULER_ENCRYPTION_KEYS:
-    try:
-        if len(base64.urlsafe_b64decode(_key.encode())) != 32:
-            raise ValueError
-    except ValueError:
-        raise ImproperlyConfigured(
-            "SCHEDULER_ENCRYPTION_KEYS holds a value that is not a Fernet key (32 bytes, URL-safe base64)."
-        ) from None
+SCHEDULER_ENCRYPTION_KEYS = env_fernet_keys("SCHEDULER_ENCRYPTION_KEYS")
 
 # API tokens (tenants.credentials): the lifetime of one issued without expires_at, and the longest any may have.
 SCHEDULER_TOKEN_DEFAULT_DAYS = env_int("SCHEDULER_TOKEN_DEFAULT_DAYS", 90, minimum=1, maximum=3650)
