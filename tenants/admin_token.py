@@ -24,10 +24,11 @@ from core.clock import db_now
 from dispatch.services import notification_delivery
 from scheduler_project.console import log_changes, operator_actor
 from tenants.credentials.models import TokenScope
-from tenants.credentials.tokens import TokenInvalid, TokenLimitReached, issue_token, revoke_token, tokens_of
+from tenants.credentials.tokens import issue_token, revoke_token, tokens_of
+from tenants.errors import ChangeRefused, FieldsInvalid, LimitReached
 from tenants.models import Tenant
 from tenants.notifications import target_of
-from tenants.signing import RotationRefused, rotate_secret, secret_state
+from tenants.signing import rotate_secret, secret_state
 
 # The lifetimes the console offers, in days (the API takes any instant up to SCHEDULER_TOKEN_MAX_DAYS).
 LIFETIMES = (7, 30, 90, 365)
@@ -75,10 +76,10 @@ class TenantTokenMixin:
                 now=now,
                 expires_at=now + timedelta(days=days),
             )
-        except TokenInvalid as exc:
+        except FieldsInvalid as exc:
             messages.error(request, " ".join(f"{field}: {' '.join(texts)}" for field, texts in exc.errors.items()))
             return None
-        except TokenLimitReached as exc:
+        except LimitReached as exc:
             messages.error(request, exc.message)
             return None
         log_changes(
@@ -121,7 +122,7 @@ class TenantTokenMixin:
             elif operation == "rotate_secret":
                 try:
                     rotate_secret(tenant, actor=operator_actor(request), now=db_now())
-                except RotationRefused as exc:
+                except ChangeRefused as exc:
                     messages.error(request, exc.message)
                 else:
                     log_changes(request, [(tenant, "Rotated the webhook signing secret (the old one signs for 24 h).")])

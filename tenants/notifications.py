@@ -9,17 +9,10 @@ from datetime import datetime
 from typing import Any
 
 from dispatch.services import url_problems
+from tenants.errors import FieldsInvalid
 from tenants.models import NotificationEvent, NotificationTarget, Tenant
 
 logger = logging.getLogger(__name__)
-
-
-class NotificationsInvalid(Exception):
-    """A field of the target breaks a rule; `errors` maps each field to its messages (a 400)."""
-
-    def __init__(self, errors: dict[str, list[str]]) -> None:
-        super().__init__(errors)
-        self.errors = errors
 
 
 def clean_target(url: Any, events: Any, selector: Any) -> dict[str, Any]:
@@ -38,7 +31,7 @@ def clean_target(url: Any, events: Any, selector: Any) -> dict[str, Any]:
         # Honest until schedules carry labels: a selector that chose nothing would promise what is not done.
         errors["selector"] = ["Selectors choose schedules by label, which schedules do not carry yet: leave it empty."]
     if errors:
-        raise NotificationsInvalid(errors)
+        raise FieldsInvalid(errors)
     return {"url": url, "events": sorted(events, key=NotificationEvent.values.index)}
 
 

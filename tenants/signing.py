@@ -12,17 +12,10 @@ from django.db import transaction
 
 from core.sealing import seal, unseal
 from core.webhook_signatures import ROTATION_OVERLAP, new_secret
+from tenants.errors import ChangeRefused
 from tenants.models import Tenant, WebhookSecret
 
 logger = logging.getLogger(__name__)
-
-
-class RotationRefused(Exception):
-    """A rotation while the last one's overlap runs: it would end the oldest secret before its day was over."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -48,13 +41,13 @@ def secret_state(tenant: Tenant, *, now: datetime) -> SecretState:
 
 
 def rotate_secret(tenant: Tenant, *, actor: str, now: datetime) -> SecretState:
-    """A new current secret; the one it replaces keeps signing for ROTATION_OVERLAP. Refused (RotationRefused)
+    """A new current secret; the one it replaces keeps signing for ROTATION_OVERLAP. Refused (ChangeRefused)
     while the last rotation's overlap runs: receivers still on the oldest secret were promised their whole day."""
     _ensure(tenant.pk, now)
     with transaction.atomic():
         row = WebhookSecret.objects.select_for_update().get(tenant_id=tenant.pk)
         if row.previous_until is not None and row.previous_until > now:
-            raise RotationRefused(
+            raise ChangeRefused(
                 f"The last rotation's overlap runs until {row.previous_until:%Y-%m-%dT%H:%M:%SZ}: both secrets sign "
                 "until then, and a rotation now would end the older one early. Rotate after that."
             )

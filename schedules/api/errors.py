@@ -12,24 +12,22 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from dispatch.services import ReplayRefused
 from schedules.api.throttles import unauthenticated_wait
 from schedules.errors import Gone, QuotaExceeded, ScheduleInvalid, StateConflict
-from tenants.credentials.tokens import TokenInvalid, TokenLimitReached
-from tenants.notifications import NotificationsInvalid
-from tenants.signing import RotationRefused
+from tenants.errors import ChangeRefused, FieldsInvalid, LimitReached
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    if isinstance(exc, ScheduleInvalid | TokenInvalid | NotificationsInvalid):
+    if isinstance(exc, ScheduleInvalid | FieldsInvalid):
         return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, Gone):
         return Response({"detail": exc.message}, status=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, StateConflict):
         return Response({"detail": exc.message}, status=status.HTTP_409_CONFLICT)
-    if isinstance(exc, RotationRefused):
+    if isinstance(exc, ChangeRefused):
         return Response({"detail": exc.message}, status=status.HTTP_409_CONFLICT)
     if isinstance(exc, ReplayRefused):
         # The data plane's own refusal: the occurrence is not dead, or its schedule is canceled.
         return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
-    if isinstance(exc, QuotaExceeded | TokenLimitReached):
+    if isinstance(exc, QuotaExceeded | LimitReached):
         return Response(
             {"detail": exc.message},
             status=status.HTTP_429_TOO_MANY_REQUESTS,

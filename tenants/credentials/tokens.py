@@ -21,6 +21,7 @@ from django.db.models.functions import Now
 from django_tenants.utils import schema_context
 
 from tenants.credentials.models import ApiToken, TokenScope
+from tenants.errors import FieldsInvalid, LimitReached
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -34,23 +35,6 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._:@-]{0,99}$")
 NAME_RULE = "1 to 100 characters: letters, digits, space and . _ : @ -, starting with a letter or digit."
 # last_used_at is written at most this often per token: a write per request would double the cost of a GET.
 LAST_USED_PRECISION = timedelta(minutes=1)
-
-
-class TokenInvalid(Exception):
-    """A field of a new token breaks a rule; `errors` maps each field to its messages (a 400)."""
-
-    def __init__(self, errors: dict[str, list[str]]) -> None:
-        super().__init__(errors)
-        self.errors = errors
-
-
-class TokenLimitReached(Exception):
-    """The tenant holds MAX_TOKENS_PER_TENANT tokens (a 429 with Retry-After)."""
-
-    def __init__(self, message: str, retry_after_seconds: int) -> None:
-        super().__init__(message)
-        self.message = message
-        self.retry_after_seconds = retry_after_seconds
 
 
 @dataclass(frozen=True)
@@ -93,13 +77,13 @@ def digest_of(key: str) -> str:
 
 def _refuse_public(tenant: Tenant) -> None:
     if tenant.is_public:
-        raise TokenInvalid({"tenant": ["The platform's public tenant serves the console, not the API: no tokens."]})
+        raise FieldsInvalid({"tenant": ["The platform's public tenant serves the console, not the API: no tokens."]})
 
 
 def clean_token(
     name: object, scope: object, expires_at: datetime | None, *, now: datetime, not_after: datetime | None = None
 ) -> dict[str, object]:
-    """The checked fields of a new token, or TokenInvalid naming each wrong one. expires_at None: the default
+    """The checked fields of a new token, or FieldsInvalid naming each wrong one. expires_at None: the default
     lifetime (SCHEDULER_TOKEN_DEFAULT_DAYS); at most SCHEDULER_TOKEN_MAX_DAYS ahead: no key lives forever; and
     never after `not_after` (the end of the token that issues it: a key cannot mint one that outlives it)."""
     errors: dict[str, list[str]] = {}
@@ -122,7 +106,7 @@ def clean_token(
             f"(here: {latest:%Y-%m-%dT%H:%M:%SZ})."
         ]
     if errors:
-        raise TokenInvalid(errors)
+        raise FieldsInvalid(errors)
     return {"name": name, "scope": scope, "expires_at": expires_at}
 
 
@@ -138,7 +122,7 @@ def issue_token(
     bounded: bool = True,
 ) -> Issued:
     """A new token of the tenant; the key is in the result only. Unless `bounded` is False (an operator's
-    provisioning), TokenLimitReached when the tenant holds MAX_TOKENS_PER_TENANT tokens that have not ended."""
+    provisioning), LimitReached when the tenant holds MAX_TOKENS_PER_TENANT tokens that have not ended."""
     _refuse_public(tenant)
     fields = clean_token(name, scope, expires_at, now=now, not_after=not_after)
     key = KEY_PREFIX + secrets.token_urlsafe(32)
@@ -147,7 +131,7 @@ def issue_token(
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"issue_token:{tenant.schema_name}"])
         if bounded and ApiToken.objects.filter(expires_at__gt=now).count() >= MAX_TOKENS_PER_TENANT:
-            raise TokenLimitReached(
+            raise LimitReached(
                 f"Tenant {tenant.slug} holds {MAX_TOKENS_PER_TENANT} tokens, the most it may; revoke one first.",
                 QUOTA_RETRY_AFTER_SECONDS,
             )
