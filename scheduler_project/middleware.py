@@ -9,15 +9,21 @@ from django.core.exceptions import SuspiciousOperation
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 
+# The fleet calls name up to 10,000 schedules (schedules/fleet.py MAX_FLEET): an apply document holds as many
+# definitions, each with a payload of up to 64 KiB, a bulk call as many ids (400 KB). Those two take bodies up to this
+# size (Django's DATA_UPLOAD_MAX_MEMORY_SIZE), every other endpoint REQUEST_BODY_LIMIT.
+FLEET_PATH_SUFFIXES = ("/schedules/apply/", "/schedules/bulk/")
+
 
 class BodySizeLimitMiddleware:
-    """DRF reads the request stream itself, which bypasses Django's DATA_UPLOAD_MAX_MEMORY_SIZE check."""
+    """One body limit for every path, judged by Content-Length before anything reads the body."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        fleet = request.path.endswith(FLEET_PATH_SUFFIXES)
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE if fleet else settings.REQUEST_BODY_LIMIT
         try:
             length = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:

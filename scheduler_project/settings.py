@@ -171,8 +171,10 @@ STORAGES = {
 # Serve straight from the apps' static folders too, so static files work before (or without) collectstatic.
 WHITENOISE_USE_FINDERS = True
 
-# Request bodies above this are refused before parsing (413); the payload field has its own 64 KiB rule.
-DATA_UPLOAD_MAX_MEMORY_SIZE = 256 * 1024
+# Request bodies above this are refused before parsing (413, scheduler_project/middleware.py), but for the fleet
+# calls' larger limit there; Django's own check stands behind it at that limit. The payload has its own 64 KiB rule.
+REQUEST_BODY_LIMIT = 256 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = 32 * 1024 * 1024
 
 # Django's cache, shared by every process through the database (the one shared store every deployment has); the
 # table is created by schedules migration 0004, in the public schema, and is UNLOGGED. Nothing on the request path

@@ -12,6 +12,7 @@ from django.conf import settings
 from core.choices import DstGap, DstRepeat, Kind, Lane, MisfirePolicy, OverlapPolicy
 from core.cron_syntax import TimeRuleError, normalize_cron
 from core.exclusions import Exclusions
+from core.labels import label_problems
 from core.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT, TimeRule, parse_timezone
 from dispatch.services import is_registered, payload_problems, registered_names
 from schedules.calendar_names import MAX_CALENDARS_PER_SCHEDULE, NAME_PATTERN, NAME_RULE
@@ -48,6 +49,7 @@ DEFAULTS: dict[str, Any] = {
     "catchup_limit": 10,
     "overlap_policy": OverlapPolicy.ALLOW,
     "max_attempts": 5,
+    "labels": {},
 }
 REQUIRED_FIELDS = ("name", "kind", "handler")
 # The largest max_runs: the integer column's range.
@@ -179,6 +181,12 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
             problems = payload_problems(handler, payload)
             if problems:
                 errors.setdefault("payload", []).extend(problems)
+
+    problems = label_problems(definition.get("labels"))
+    if problems:
+        errors.setdefault("labels", []).extend(problems)
+    elif definition["labels"] is not None:
+        definition["labels"] = dict(sorted(definition["labels"].items()))
 
     name = definition.get("name")
     if isinstance(name, str) and len(name) > 200:

@@ -9,11 +9,13 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 
 from core.choices import DstGap, DstRepeat, Kind, Lane, MisfirePolicy, OverlapPolicy, ScheduleState
 from core.exclusions import Exclusions
+from core.labels import Selector
 from core.shards import shard_for
 from core.timerules import TimeRule
 
@@ -42,6 +44,7 @@ DEFINITION_FIELDS = (
     "catchup_limit",
     "overlap_policy",
     "max_attempts",
+    "labels",
 )
 
 # The definition fields the materializer plans fires with, copied onto the schedule's cursor row at every save.
@@ -73,6 +76,14 @@ class ScheduleQuerySet(models.QuerySet):
     def for_tenant(self, tenant) -> ScheduleQuerySet:
         """The one place where tenant isolation of the shared engine table is applied."""
         return self.filter(tenant=tenant)
+
+    def selected(self, selector: Selector) -> ScheduleQuerySet:
+        """The schedules whose labels meet the selector (core/labels.py): `key=value` pairs by jsonb containment,
+        which the labels' GIN index serves; `key!=value` as its negation (a schedule without the key matches)."""
+        queryset = self.filter(labels__contains=dict(selector.equal)) if selector.equal else self
+        for key, value in selector.not_equal:
+            queryset = queryset.exclude(labels__contains={key: value})
+        return queryset
 
     def counted_by_quota(self) -> ScheduleQuerySet:
         return self.filter(state__in=[ScheduleState.ACTIVE, ScheduleState.PAUSED])
@@ -126,6 +137,9 @@ class Schedule(models.Model):
     catchup_limit = models.PositiveIntegerField(default=10)
     overlap_policy = models.CharField(max_length=16, choices=OverlapPolicy.choices, default=OverlapPolicy.ALLOW)
     max_attempts = models.PositiveSmallIntegerField(default=5)
+    # The tenant's own key/value tags (core/labels.py), chosen by selectors in lists, bulk changes, export/apply and
+    # notifications. A database default, so raw inserts (the benchmarks' COPY) need not name it.
+    labels = models.JSONField(default=dict, blank=True, db_default={})
 
     state = models.CharField(max_length=10, choices=ScheduleState.choices, default=ScheduleState.ACTIVE)
     # While paused: when it resumes by itself (the materializer's maintenance pass, schedules.services
@@ -154,6 +168,8 @@ class Schedule(models.Model):
             models.Index(fields=["-created_at", "id"], name="schedule_created_desc"),
             # The pauses due to end: a few rows among millions, found by the maintenance pass.
             models.Index(fields=["resume_at"], name="schedule_resume_due", condition=Q(resume_at__isnull=False)),
+            # Selectors' `key=value` pairs: jsonb containment (labels @> {...}), beside the tenant's own index.
+            GinIndex(fields=["labels"], opclasses=["jsonb_path_ops"], name="schedule_labels"),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -26,6 +26,7 @@ from schedules.calendars import check_exclude_calendars
 from schedules.definitions import TIME_FIELDS, anchored_at_now, clean_definition, time_rule_of
 from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
 from schedules.models import DEFINITION_FIELDS, Calendar, Schedule, ScheduleVersion, VersionChange
+from schedules.transitions import changes, refusal
 from tenants.models import Tenant
 from tenants.services import schedules_held
 
@@ -370,8 +371,8 @@ def pause_schedule(
                 schedule.resume_at = resume_at
                 Schedule.objects.filter(pk=schedule.pk).update(resume_at=resume_at)
             return schedule
-        if schedule.state != ScheduleState.ACTIVE:
-            raise StateConflict(f"Only an active schedule can be paused; this one is {schedule.state}.")
+        if (refused := refusal("pause", schedule.state)) is not None:
+            raise StateConflict(refused)
         schedule.state = ScheduleState.PAUSED
         schedule.next_run_at = None
         schedule.resume_at = resume_at
@@ -387,8 +388,8 @@ def resume_schedule(schedule: Schedule, *, actor: str, note: str = "", now: date
         schedule = _locked(schedule)
         if schedule.state == ScheduleState.ACTIVE:
             return schedule
-        if schedule.state != ScheduleState.PAUSED:
-            raise StateConflict(f"Only a paused schedule can be resumed; this one is {schedule.state}.")
+        if (refused := refusal("resume", schedule.state)) is not None:
+            raise StateConflict(refused)
         schedule.resume_at = None
         schedule.next_run_at = _next_fire_after_change(schedule.rhythm, now)
         schedule.state = _state_with_cursor(schedule, now)
@@ -455,8 +456,7 @@ def cancel_schedule(schedule: Schedule, *, actor: str, note: str = "", now: date
     with transaction.atomic():
         now = now or db_now()
         schedule = _lock_for_change(schedule, now)
-        # A one-off that fired stays completed: canceling it now withdraws nothing and must not erase that it ran.
-        if schedule.state not in (ScheduleState.CANCELED, ScheduleState.COMPLETED):
+        if changes("cancel", schedule.state):
             schedule.state = ScheduleState.CANCELED
             schedule.next_run_at = None
             schedule.resume_at = None
@@ -473,8 +473,8 @@ def trigger_schedule(
     with transaction.atomic():
         now = now or db_now()
         schedule = Schedule.objects.select_for_update().get(pk=schedule.pk)
-        if schedule.state == ScheduleState.CANCELED:
-            raise StateConflict("A canceled schedule cannot be triggered.")
+        if (refused := refusal("trigger", schedule.state)) is not None:
+            raise StateConflict(refused)
         occurrence_id = dispatch_services.trigger_manual_occurrence(schedule, now=now, trigger_key=trigger_key)
     logger.info("%s triggered schedule %s", actor, schedule.id, extra={"action": "trigger_schedule"})
     return occurrence_id

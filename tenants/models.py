@@ -159,6 +159,10 @@ class NotificationTarget(models.Model):
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, primary_key=True, related_name="notifications")
     url = models.TextField(help_text="The http(s) URL each notification is POSTed to, signed like a webhook.")
     events = ArrayField(models.CharField(max_length=20, choices=NotificationEvent.choices))
+    # Only the schedules whose labels meet it (core/labels.py); empty: every schedule. The parsed form is what the
+    # data plane's SQL applies (dispatch migration 0021, dispatch/sql/notifications.py); null when empty.
+    selector = models.CharField(max_length=2000, blank=True, default="", db_default="")
+    selector_match = models.JSONField(null=True, blank=True)
     updated_at = models.DateTimeField()
     updated_by = models.CharField(max_length=200)
 

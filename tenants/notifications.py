@@ -8,6 +8,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from core.labels import SelectorInvalid, parse_selector
 from dispatch.services import url_problems
 from tenants.errors import FieldsInvalid
 from tenants.models import NotificationEvent, NotificationTarget, Tenant
@@ -27,12 +28,18 @@ def clean_target(url: Any, events: Any, selector: Any) -> dict[str, Any]:
         or len(set(events)) != len(events)
     ):
         errors["events"] = [f"A non-empty list of distinct events among {', '.join(NotificationEvent.values)}."]
-    if selector not in (None, ""):
-        # Honest until schedules carry labels: a selector that chose nothing would promise what is not done.
-        errors["selector"] = ["Selectors choose schedules by label, which schedules do not carry yet: leave it empty."]
+    try:
+        chosen = parse_selector(selector)
+    except SelectorInvalid as exc:
+        errors["selector"] = [str(exc)]
     if errors:
         raise FieldsInvalid(errors)
-    return {"url": url, "events": sorted(events, key=NotificationEvent.values.index)}
+    return {
+        "url": url,
+        "events": sorted(events, key=NotificationEvent.values.index),
+        "selector": str(chosen),
+        "selector_match": None if chosen.empty else chosen.as_match(),
+    }
 
 
 def set_target(

@@ -65,11 +65,20 @@ STUCK_SEARCH_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('dispatch.notific
 # The tenants that asked to hear of stuck occurrences.
 STUCK_SUBSCRIBERS = "SELECT tenant_id FROM tenants_notificationtarget WHERE 'stuck' = ANY(events)"
 
+# The target's selector (tenants.NotificationTarget.selector_match: the labels a schedule must hold, and the pairs
+# it must not) is applied as the row trigger applies it (dispatch migration 0021), by jsonb containment.
 RECORD_STUCK = """
 INSERT INTO dispatch_notification (tenant_id, event, occurrence_id, scheduled_for, schedule_id, state, state_reason)
-SELECT * FROM unnest(%(tenant_ids)s::bigint[], %(events)s::text[], %(occurrence_ids)s::uuid[],
-                     %(scheduled_fors)s::timestamptz[], %(schedule_ids)s::uuid[], %(states)s::text[],
-                     %(reasons)s::text[])
+SELECT u.* FROM unnest(%(tenant_ids)s::bigint[], %(events)s::text[], %(occurrence_ids)s::uuid[],
+                       %(scheduled_fors)s::timestamptz[], %(schedule_ids)s::uuid[], %(states)s::text[],
+                       %(reasons)s::text[]) AS u (tenant_id, event, occurrence_id, scheduled_for, schedule_id, state,
+                                                 state_reason)
+JOIN tenants_notificationtarget AS t ON t.tenant_id = u.tenant_id
+WHERE t.selector_match IS NULL OR EXISTS (
+    SELECT 1 FROM schedules_schedule AS s
+    WHERE s.id = u.schedule_id AND s.labels @> (t.selector_match -> 'equal')
+      AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(t.selector_match -> 'not_equal') AS e (pair)
+                      WHERE s.labels @> e.pair))
 ON CONFLICT (event, occurrence_id) DO NOTHING
 """
 

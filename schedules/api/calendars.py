@@ -13,9 +13,9 @@ from rest_framework.response import Response
 
 from schedules import calendars
 from schedules.api.filters import KnownParametersOnly
+from schedules.api.requests import actor_of
 from schedules.api.schema import errors
 from schedules.api.serializers import AwareDateTimeField, FlatListField
-from schedules.api.views import actor_of
 from schedules.calendar_names import NAME_REGEX
 from schedules.models import Calendar
 

@@ -15,9 +15,9 @@ from rest_framework.views import APIView
 
 from core.clock import db_now
 from schedules.api.filters import KnownParametersOnly
+from schedules.api.requests import actor_of
 from schedules.api.schema import errors
 from schedules.api.serializers import AwareDateTimeField
-from schedules.api.views import actor_of
 from tenants import signing
 from tenants.credentials import tokens
 from tenants.credentials.authentication import WriteScopeOnly

@@ -1,11 +1,11 @@
-"""Query-string filters of the schedule list (`?state=`, `?handler=`, `?name=`) and of the occurrence list
+"""Query-string filters of the schedule list (`?state=`, `?handler=`, `?name=`, `?selector=`) and of the occurrence list
 (`?state=`, `?schedule=`, `?scheduled_after=`, `?scheduled_before=`), and the rule that a list refuses a parameter
 it does not know: `?payload__customer=c-42` or `?search=` answered with everything looked like a working filter."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import django_filters
 from django import forms
@@ -16,10 +16,11 @@ from rest_framework.filters import BaseFilterBackend
 from rest_framework.settings import api_settings
 
 from core.choices import ScheduleState
+from core.labels import MAX_SELECTOR_LENGTH, SELECTOR_RULE, Selector, SelectorInvalid, parse_selector
 from dispatch.models import WATCHED_STATES, Occurrence, OccurrenceState, OccurrenceWatch
-from schedules.api.schema import INSTANT, query_text
+from schedules.api.schema import INSTANT, query_text, selector_pattern
 from schedules.api.serializers import INSTANT_ERRORS, InstantInvalid, parse_instant
-from schedules.models import Schedule
+from schedules.models import Schedule, ScheduleQuerySet
 
 
 class KnownParametersOnly(BaseFilterBackend):
@@ -51,14 +52,45 @@ def choice_filter(choices: type[TextChoices], **options: Any) -> django_filters.
     )
 
 
+class SelectorFormField(forms.CharField):
+    """A label selector (core/labels.py), parsed; its rule is the 400's message."""
+
+    def clean(self, value: Any) -> Selector | None:
+        text = super().clean(value)
+        if text in self.empty_values:
+            return None
+        try:
+            return parse_selector(text)
+        except SelectorInvalid as exc:
+            raise forms.ValidationError(str(exc), code="invalid") from None
+
+
+class SelectorFilter(django_filters.Filter):
+    field_class = SelectorFormField
+
+    def filter(self, qs: QuerySet, value: Selector | None) -> QuerySet:
+        # The schedule list's queryset is a ScheduleQuerySet (ScheduleViewSet.get_queryset).
+        return qs if value is None else cast(ScheduleQuerySet, qs).selected(value)
+
+
+SELECTOR_SCHEMA = {
+    "type": "string",
+    "maxLength": MAX_SELECTOR_LENGTH,
+    "pattern": selector_pattern(),
+    "description": f"Schedules whose labels meet every requirement: {SELECTOR_RULE}. A `!=` requirement also matches "
+    "a schedule without that label.",
+}
+
+
 class ScheduleFilter(django_filters.FilterSet):
     state = choice_filter(ScheduleState)
     handler = extend_schema_field(query_text(100))(django_filters.CharFilter(max_length=100))
     name = extend_schema_field(query_text(200))(django_filters.CharFilter(max_length=200))
+    selector = extend_schema_field(SELECTOR_SCHEMA)(SelectorFilter(max_length=MAX_SELECTOR_LENGTH))
 
     class Meta:
         model = Schedule
-        fields = ["state", "handler", "name"]
+        fields = ["state", "handler", "name", "selector"]
 
 
 class InstantFormField(forms.Field):

@@ -13,10 +13,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.clock import db_now
+from core.labels import MAX_SELECTOR_LENGTH, SELECTOR_RULE
 from dispatch.services import notification_delivery
+from schedules.api.requests import actor_of
 from schedules.api.schema import errors
 from schedules.api.serializers import AwareDateTimeField, FlatListField
-from schedules.api.views import actor_of
 from tenants import notifications
 from tenants.models import NotificationEvent, NotificationTarget
 
@@ -30,7 +31,11 @@ class NotificationsInputSerializer(serializers.Serializer):
     )
     events = FlatListField(child=serializers.ChoiceField(choices=NotificationEvent.choices), min_length=1, max_length=4)
     selector = serializers.CharField(
-        required=False, allow_blank=True, allow_null=True, help_text="Empty: every schedule of the tenant."
+        required=False,
+        allow_blank=True,
+        allow_null=True,
+        max_length=MAX_SELECTOR_LENGTH,
+        help_text=f"Only fires of the schedules whose labels meet it: {SELECTOR_RULE}. Empty: every schedule.",
     )
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
@@ -46,7 +51,7 @@ class NotificationsInputSerializer(serializers.Serializer):
 class NotificationsSerializer(serializers.Serializer):
     url = serializers.CharField()
     events = serializers.ListField(child=serializers.ChoiceField(choices=NotificationEvent.choices))
-    selector = serializers.CharField(help_text="Always empty: every schedule of the tenant.")
+    selector = serializers.CharField(help_text="The selector in its normal form; empty: every schedule of the tenant.")
     updated_at = AwareDateTimeField()
     updated_by = serializers.CharField()
     pending = serializers.IntegerField(help_text="Notifications not yet delivered (being tried).")
@@ -60,7 +65,7 @@ def target_json(target: NotificationTarget) -> dict[str, Any]:
         {
             "url": target.url,
             "events": target.events,
-            "selector": "",
+            "selector": target.selector,
             "updated_at": target.updated_at,
             "updated_by": target.updated_by,
             "pending": delivery.pending,

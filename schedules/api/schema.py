@@ -23,6 +23,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 
 from core.cron_syntax import MAX_CRON_LENGTH
+from core.labels import CONTROL_CLASS, KEY_REGEX, KEY_RULE, MAX_LABELS, MAX_VALUE_LENGTH, VALUE_RULE
 from core.timerules import EVERY_SECONDS_RANGE, zone_names
 from dispatch.services import registered_names
 from schedules.api.serializers import EARLIEST_INSTANT, LATEST_INSTANT, MAX_IDEMPOTENCY_KEY_LENGTH
@@ -37,11 +38,21 @@ _SPACE = "\\t-\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202
 # A required text field: something besides white space, and no U+0000.
 NOT_BLANK = f"^[^\\u0000]*[^\\u0000{_SPACE}][^\\u0000]*$"
 BLANK = f"^[{_SPACE}]*$"
+# The white space that is no control character: what may stand inside a text whose control characters are refused.
+_INNER_SPACE = "\\x20\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
 
 
 def query_text(max_length: int) -> dict[str, Any]:
     """A free-text query parameter (a list filter): at most `max_length` characters, no U+0000."""
     return {"type": "string", "maxLength": max_length, "pattern": NO_NUL}
+
+
+def selector_pattern() -> str:
+    """A label selector as core.labels.parse_selector reads it: comma-joined `key=value` / `key!=value`, each part
+    stripped of white space, a value without '=', ',' or control characters; or nothing at all."""
+    value = f"[^=,{CONTROL_CLASS}]*"
+    requirement = f"[{_INNER_SPACE}]*{KEY_REGEX}[{_INNER_SPACE}]*!?={value}"
+    return f"^[{_SPACE}]*(?:{requirement}(?:,{requirement})*)?[{_SPACE}]*$"
 
 
 # --- instants ----------------------------------------------------------------------------------------------
@@ -198,6 +209,24 @@ class JSONObjectFieldExtension(OpenApiSerializerFieldExtension):
                 "A JSON object handed to the handler: at most 64 KiB encoded as UTF-8, nested at most "
                 f"{MAX_JSON_DEPTH} levels deep, without U+0000 or unpaired surrogates."
             ),
+        }
+
+
+class LabelsFieldExtension(OpenApiSerializerFieldExtension):
+    target_class = "schedules.api.serializers.LabelsField"
+
+    def map_serializer_field(self, auto_schema, direction):
+        return {
+            "type": "object",
+            "maxProperties": MAX_LABELS,
+            "propertyNames": {"pattern": f"^{KEY_REGEX}$"},
+            "additionalProperties": {
+                "type": "string",
+                "maxLength": MAX_VALUE_LENGTH,
+                "pattern": f"^[^{CONTROL_CLASS}]*$",
+            },
+            "description": f"At most {MAX_LABELS} labels: a key is {KEY_RULE}; {VALUE_RULE}.",
+            "example": {"team": "payments", "env": "prod"},
         }
 
 

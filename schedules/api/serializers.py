@@ -141,6 +141,10 @@ class JSONObjectField(serializers.JSONField):
         return value
 
 
+class LabelsField(JSONObjectField):
+    """Labels: an object of string pairs, whose rules (core/labels.py) the services check."""
+
+
 def _int_field(name: str) -> serializers.IntegerField:
     low, high = NUMERIC_RANGES[name]
     return serializers.IntegerField(required=False, min_value=low, max_value=high)
@@ -172,12 +176,17 @@ class TimezoneNameField(serializers.CharField):
     """An IANA time zone name (core.timerules.parse_timezone)."""
 
 
-def _of_its_json_type(field: serializers.Field, value: Any) -> bool:
-    """Text fields take JSON strings, integer fields JSON integers (5.0 is one too, a boolean is not)."""
+def of_its_json_type(field: serializers.Field, value: Any) -> bool:
+    """Text fields take JSON strings, integer fields JSON integers (5.0 is one too, a boolean is not), boolean
+    fields JSON booleans, list fields JSON arrays."""
+    if isinstance(field, serializers.BooleanField):
+        return isinstance(value, bool)
     if isinstance(field, serializers.CharField):
         return isinstance(value, str)
     if isinstance(field, serializers.ListField) and isinstance(field.child, serializers.CharField):
         return isinstance(value, list) and all(isinstance(item, str) for item in value)
+    if isinstance(field, serializers.ListField):
+        return isinstance(value, list)
     if isinstance(field, serializers.IntegerField):
         if isinstance(value, bool):
             return False
@@ -242,6 +251,11 @@ class ScheduleInputSerializer(serializers.Serializer):
     catchup_limit = _int_field("catchup_limit")
     overlap_policy = _choice_field(OverlapPolicy)
     max_attempts = _int_field("max_attempts")
+    labels = LabelsField(
+        required=False,
+        help_text="The schedule's own tags, chosen by `?selector=` on the list, by bulk changes, export/apply and "
+        "notification targets. A PATCH replaces the whole object ({} removes every label).",
+    )
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if isinstance(data, dict):
@@ -266,7 +280,7 @@ class ScheduleInputSerializer(serializers.Serializer):
         for name, field in self.fields.items():
             value = data.get(name)
             # Absent or null: the field's own allow_null decides.
-            if value is not None and not _of_its_json_type(field, value):
+            if value is not None and not of_its_json_type(field, value):
                 message = field.error_messages.get("invalid") or field.error_messages.get("not_a_list", "Invalid.")
                 errors[name] = [message.format(input_type=type(value).__name__)]
         if errors:

@@ -19,10 +19,11 @@ from dispatch.models import Occurrence
 from dispatch.services import pending_fires
 from schedules import services
 from schedules.api.filters import OccurrenceFilter, ScheduleFilter
+from schedules.api.fleet import FleetActions
 from schedules.api.parsers import BoundedJSONParser
+from schedules.api.requests import actor_of, idempotency_key_of
 from schedules.api.schema import IDEMPOTENCY_KEY, errors
 from schedules.api.serializers import (
-    MAX_IDEMPOTENCY_KEY_LENGTH,
     InFlightSerializer,
     NoteInputSerializer,
     OccurrenceIdSerializer,
@@ -68,26 +69,12 @@ PREVIEW_PLACEHOLDERS = {"name": "preview", "handler": "noop"}
 PARSERS = [BoundedJSONParser, FormParser, MultiPartParser]
 
 
-def actor_of(request: Request) -> str:
-    """Who acted, as text: tenant users and operators live in different schemas, so ids alone are ambiguous."""
-    return f"tenant:{request.tenant.slug}/{request.user.get_username()}"
-
-
-def idempotency_key_of(request: Request) -> str | None:
-    """The Idempotency-Key header, or None; a key its column cannot hold is a 400, not a database error."""
-    key = request.headers.get("Idempotency-Key") or None
-    if key is not None and len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
-        raise serializers.ValidationError({"Idempotency-Key": [f"At most {MAX_IDEMPOTENCY_KEY_LENGTH} characters."]})
-    if key is not None and "\x00" in key:
-        raise serializers.ValidationError({"Idempotency-Key": ["Null characters are not allowed."]})
-    return key
-
-
 @extend_schema_view(
     list=extend_schema(responses={200: ScheduleSerializer(many=True), **errors(404)}),
     retrieve=extend_schema(responses={200: ScheduleSerializer, **errors(404)}),
 )
 class ScheduleViewSet(
+    FleetActions,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     viewsets.GenericViewSet,

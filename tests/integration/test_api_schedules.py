@@ -40,6 +40,7 @@ SCHEDULE_KEYS = {
     "catchup_limit",
     "overlap_policy",
     "max_attempts",
+    "labels",
     "state",
     "version",
     "next_run_at",

@@ -48,7 +48,12 @@ RULES_IN_WORDS = {
     ("PATCH", "/api/v1/calendars/{name}/"): "a range ends after it starts",
     ("GET", "/api/v1/occurrences/"): "scheduled_after is not later than scheduled_before",
     ("POST", "/api/v1/tokens/"): "expires_at lies in the future, at most SCHEDULER_TOKEN_MAX_DAYS ahead",
-    ("PUT", "/api/v1/notifications/"): "the webhook's URL rule",
+    ("PUT", "/api/v1/notifications/"): "the webhook's URL rule; a selector names each key once with `=`",
+    ("GET", "/api/v1/schedules/"): "a selector names each key once with `=`",
+    ("GET", "/api/v1/schedules/export/"): "a selector names each key once with `=`",
+    ("POST", "/api/v1/schedules/bulk/"): "a selector or ids, not both; a selector names each key once with `=`",
+    ("POST", "/api/v1/schedules/apply/"): "each document as a create; names unique; a selector as above",
+    ("POST", "/api/v1/schedules/{id}/backfill/"): "since before until, until not later than now",
 }
 ACCEPTED_FOR_VALID_DATA = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]
 CONFIG = {

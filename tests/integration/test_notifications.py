@@ -24,8 +24,9 @@ NOTIFICATIONS = "/api/v1/notifications/"
 EVERY_EVENT = ["dead", "missed", "stuck", "skipped_overlap"]
 
 
-def subscribe(api, url: str, events=None):
-    response = api.put(NOTIFICATIONS, {"url": url, "events": events or EVERY_EVENT}, format="json")
+def subscribe(api, url: str, events=None, selector=None):
+    body = {"url": url, "events": events or EVERY_EVENT, **({"selector": selector} if selector is not None else {})}
+    response = api.put(NOTIFICATIONS, body, format="json")
     assert response.status_code == 200, response.content
     return response.json()
 
@@ -34,8 +35,8 @@ def send_round():
     return send_due(db_now(), threading.Event())
 
 
-def occurrence(tenant, state=OccurrenceState.SCHEDULED, minutes_ago: int = 10, **fields) -> Occurrence:
-    schedule = schedule_for(tenant, name=f"job-{minutes_ago}-{state}")
+def occurrence(tenant, state=OccurrenceState.SCHEDULED, minutes_ago: int = 10, labels=None, **fields) -> Occurrence:
+    schedule = schedule_for(tenant, name=f"job-{minutes_ago}-{state}", labels=labels or {})
     at = db_now().replace(second=0, microsecond=0) - timedelta(minutes=minutes_ago)
     return occurrence_for(schedule, at=at, state=state, **fields)
 
@@ -141,6 +142,26 @@ def test_a_sender_that_died_mid_send_leaves_the_notification_to_another(api_a, t
     assert send_round().delivered == 1 and len(target.received) == 1
 
 
+def test_only_fires_of_the_schedules_the_selector_picks_are_told(api_a, tenant, target):
+    shown = subscribe(api_a, target.url, ["missed", "stuck"], selector=" team=payments , env!=dev")
+    assert shown["selector"] == "team=payments,env!=dev"
+    picked = occurrence(tenant, minutes_ago=10, labels={"team": "payments", "env": "prod"})
+    unlabelled_env = occurrence(tenant, minutes_ago=20, labels={"team": "payments"})
+    dev = occurrence(tenant, minutes_ago=30, labels={"team": "payments", "env": "dev"})
+    other_team = occurrence(tenant, minutes_ago=40, labels={"team": "search"})
+    for occ in (picked, unlabelled_env, dev, other_team):
+        move(occ, OccurrenceState.MISSED, "later than max_lateness_seconds")
+    # The stuck search applies the same selector.
+    stuck_picked = occurrence(tenant, OccurrenceState.ENQUEUED, minutes_ago=50, labels={"team": "payments"})
+    occurrence(tenant, OccurrenceState.ENQUEUED, minutes_ago=60, labels={"team": "payments", "env": "dev"})
+    assert record_stuck(db_now()) == 1
+    send_round()
+
+    told = sorted((r.body["event"], r.body["occurrence_id"]) for r in target.received)
+    expected = [("missed", str(picked.occurrence_id)), ("missed", str(unlabelled_env.occurrence_id))]
+    assert told == sorted([*expected, ("stuck", str(stuck_picked.occurrence_id))])
+
+
 def test_the_target_is_read_replaced_and_removed_through_the_api(api_a, tenant_a, target):
     assert api_a.get(NOTIFICATIONS).status_code == 404
     subscribe(api_a, target.url, ["stuck", "dead"])
@@ -160,7 +181,8 @@ def test_a_wrong_target_is_a_400_naming_the_field(api_a, target):
         ({"url": target.url, "events": []}, "events"),
         ({"url": target.url, "events": ["dead", "dead"]}, "events"),
         ({"url": target.url, "events": ["exploded"]}, "events"),
-        ({"url": target.url, "events": ["dead"], "selector": "team=payments"}, "selector"),
+        ({"url": target.url, "events": ["dead"], "selector": "team"}, "selector"),
+        ({"url": target.url, "events": ["dead"], "selector": "team=a,team=b"}, "selector"),
         ({"url": target.url, "events": ["dead"], "colour": "red"}, "colour"),
     ]
     for body, field in cases:
