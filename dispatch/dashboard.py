@@ -93,7 +93,7 @@ class Dashboard:
     sent_by_tenant: dict[int, int] = field(default_factory=dict)
     due: list[tuple[datetime, int]] = field(default_factory=list)
     backlog: dict[str, float] = field(default_factory=dict)
-    dead: int = 0
+    dead: int = 0  # the DLQ: dead, not resolved (dispatch/dlq.py), as the list its tile opens
     stuck: int = 0
     stuck_capped: bool = False
     tenants: list[dict[str, Any]] = field(default_factory=list)

@@ -34,6 +34,10 @@ class ReplayRefused(Exception):
     """The replay was not done; the message says why (unknown, not dead, or its schedule is canceled)."""
 
 
+class ResolveRefused(Exception):
+    """The resolution was not recorded; the message says why (unknown, not dead, already resolved, no note)."""
+
+
 class BackfillRefused(Exception):
     """The backfill was not started; the message tells the operator why and what to do instead."""
 

@@ -193,7 +193,7 @@ def _gauges(cursor) -> Iterator[Metric]:
 
     cursor.execute(metrics_sql.METRICS_DEAD_AND_LEASES)
     dead, now_running, expired = cursor.fetchone()
-    yield GaugeMetricFamily("scheduler_dlq_occurrences", "Occurrences in state dead (the DLQ).", dead)
+    yield GaugeMetricFamily("scheduler_dlq_occurrences", "Dead occurrences no operator resolved (the DLQ).", dead)
     yield GaugeMetricFamily("scheduler_running_occurrences", "Occurrences claimed by workers.", now_running)
     yield GaugeMetricFamily(
         "scheduler_expired_leases", "Running occurrences whose worker lease expired (to be reaped).", expired

@@ -123,6 +123,40 @@ class OccurrenceWatch(models.Model):
         return f"{self.occurrence_id} {self.state}"
 
 
+class OccurrenceResolution(models.Model):
+    """An operator's decision that a dead occurrence needs nothing more (dispatch/dlq.py): who, when and why.
+
+    It holds for the death it was made for: while the occurrence is still dead at the generation it died at
+    (`attempt_count`), it is out of the dead-letter queue. Its state stays dead (the API, reconcile and the
+    notifications know no other state), its attempts stay; a replay runs it again under the same id, and should that
+    run die too, the occurrence is back in the queue while this row stays as its history. A table of its own rather
+    than columns of the occurrence: adding them would lock every day partition of the hot table, and a replay would
+    have to clear them (docs/DESIGN.md, "Resolving from the DLQ")."""
+
+    id = models.BigAutoField(primary_key=True)
+    occurrence_id = models.UUIDField()
+    # The occurrence's partition key: finds its row, and the resolution leaves with its day (dispatch/partitions.py).
+    scheduled_for = models.DateTimeField()
+    attempt_count = models.PositiveSmallIntegerField()
+    tenant_id = models.BigIntegerField()
+    resolved_at = models.DateTimeField()
+    resolved_by = models.CharField(max_length=200)
+    note = models.TextField()
+
+    class Meta:
+        db_table = "dispatch_occurrence_resolution"
+        ordering = ["resolved_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["occurrence_id", "scheduled_for", "attempt_count"], name="resolution_once_per_death"
+            ),
+        ]
+        indexes = [models.Index(fields=["scheduled_for"], name="resolution_by_day")]
+
+    def __str__(self) -> str:
+        return f"{self.occurrence_id} resolved by {self.resolved_by}"
+
+
 class Attempt(models.Model):
     """One claim of an occurrence by a worker. `generation` fences late completions of older claims."""
 

@@ -268,8 +268,12 @@ def replay_dead_occurrence(occurrence_id: uuid.UUID, *, now: datetime) -> None:
         if occurrence is None or occurrence.state != OccurrenceState.DEAD:
             state = occurrence.state if occurrence else "unknown"
             raise ReplayRefused(f"Only a dead occurrence can be replayed; this one is {state}.")
-        if schedule_state(occurrence.schedule_id) == ScheduleState.CANCELED:
+        state = schedule_state(occurrence.schedule_id)
+        if state == ScheduleState.CANCELED:
             raise ReplayRefused("The schedule of this occurrence is canceled; it would not run.")
+        if state is None:
+            # Its tenant was deleted with its schedules: no worker could claim it, it would stay scheduled for ever.
+            raise ReplayRefused("The schedule of this occurrence no longer exists (its tenant was deleted).")
         Occurrence.objects.filter(occurrence_id=occurrence_id, state=OccurrenceState.DEAD).update(
             state=OccurrenceState.SCHEDULED, available_at=now, finished_at=None, forced=True
         )
@@ -329,9 +333,15 @@ def replay_one(occurrence_id: uuid.UUID, *, now: datetime | None = None) -> Occu
         raise ReplayRefused(
             f"Occurrence {occurrence_id} is {occurrence.state}; only a dead occurrence can be replayed."
         )
-    if schedule_state(occurrence.schedule_id) == ScheduleState.CANCELED:
+    state = schedule_state(occurrence.schedule_id)
+    if state == ScheduleState.CANCELED:
         raise ReplayRefused(
             f"The schedule {occurrence.schedule_id} of occurrence {occurrence_id} is canceled; a replay would not run."
+        )
+    if state is None:
+        raise ReplayRefused(
+            f"The schedule {occurrence.schedule_id} of occurrence {occurrence_id} no longer exists (its tenant was "
+            "deleted); a replay would not run."
         )
     try:
         # The service re-checks both conditions under the row lock: the checks above only make the message precise.

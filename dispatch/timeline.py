@@ -1,9 +1,9 @@
 """An occurrence's history in words, from the rows that exist: when it was due, released, published, tried and
 finished, and why it ended as it did ("why didn't 09:00 run?").
 
-Nothing here is stored: the occurrence row (its instants, flags and state_reason), its attempts and the schedule
-version it belongs to say all of it. Pure functions of those rows and `now`, so the console, a command or a test
-read the same story.
+Nothing here is stored: the occurrence row (its instants, flags and state_reason), its attempts, the schedule
+version it belongs to and the operators' resolutions of its deaths (dispatch/dlq.py) say all of it. Pure functions of
+those rows and `now`, so the console, a command or a test read the same story.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from dispatch.models import Attempt, Occurrence, OccurrenceState
+from dispatch.dlq import current_resolution
+from dispatch.models import Attempt, Occurrence, OccurrenceResolution, OccurrenceState
 
 __all__ = ["Event", "Verdict", "occurrence_timeline", "offset_text", "seconds_text", "verdict"]
 
@@ -123,6 +124,7 @@ def occurrence_timeline(
     *,
     definition: dict[str, Any] | None,
     now: datetime,
+    resolutions: Sequence[OccurrenceResolution] = (),
 ) -> list[Event]:
     """Every transition the rows record, in time order (ties keep the order of the life cycle)."""
     events: list[Event] = [
@@ -160,7 +162,10 @@ def occurrence_timeline(
         )
     for attempt in attempts:
         events.extend(_attempt_events(occurrence, attempt, now))
-    final = _final_event(occurrence, attempts, definition, now)
+    current = current_resolution(occurrence, resolutions)
+    for resolution in resolutions:
+        events.append(_resolution_event(resolution, holds=resolution is current))
+    final = _final_event(occurrence, attempts, definition, now, current)
     if final is not None:
         events.append(final)
     order = {id(event): index for index, event in enumerate(events)}
@@ -220,10 +225,25 @@ def _attempt_events(occurrence: Occurrence, attempt: Attempt, now: datetime) -> 
     return events
 
 
+def _resolution_event(resolution: OccurrenceResolution, *, holds: bool) -> Event:
+    after = f"after attempt {resolution.attempt_count}" if resolution.attempt_count else "before any attempt"
+    since = "" if holds else " A replay ran it again since."
+    return Event(
+        resolution.resolved_at,
+        f"Resolved by {resolution.resolved_by}",
+        f'Set aside {after}, out of the dead-letter queue: "{resolution.note}".{since}',
+        tone="ok" if holds else "",
+    )
+
+
 def _final_event(
-    occurrence: Occurrence, attempts: Sequence[Attempt], definition: dict[str, Any] | None, now: datetime
+    occurrence: Occurrence,
+    attempts: Sequence[Attempt],
+    definition: dict[str, Any] | None,
+    now: datetime,
+    resolution: OccurrenceResolution | None,
 ) -> Event | None:
-    judged = verdict(occurrence, attempts, definition=definition, now=now)
+    judged = verdict(occurrence, attempts, definition=definition, now=now, resolution=resolution)
     if occurrence.state in (OccurrenceState.SCHEDULED, OccurrenceState.ENQUEUED, OccurrenceState.RUNNING):
         return Event(now, f"Now: {occurrence.state}", judged.headline, tone=judged.tone)
     if occurrence.state == OccurrenceState.RETRY_WAIT:
@@ -236,9 +256,15 @@ def _reason(occurrence: Occurrence) -> str:
 
 
 def verdict(
-    occurrence: Occurrence, attempts: Sequence[Attempt], *, definition: dict[str, Any] | None, now: datetime
+    occurrence: Occurrence,
+    attempts: Sequence[Attempt],
+    *,
+    definition: dict[str, Any] | None,
+    now: datetime,
+    resolution: OccurrenceResolution | None = None,
 ) -> Verdict:
-    """Why the occurrence is where it is, from its state_reason and the rule of its version."""
+    """Why the occurrence is where it is, from its state_reason, the rule of its version and, for a dead one, the
+    operator's resolution that holds (dispatch.dlq.current_resolution)."""
     state, reason = occurrence.state, _reason(occurrence)
     rule = _rule(definition)
     version = f"version {occurrence.schedule_version}"
@@ -268,9 +294,17 @@ def verdict(
         )
     if state == OccurrenceState.DEAD:
         error = f"; last error {last.error_class or 'error'}: {last.error}" if last and last.error else ""
+        headline = f"dead: {reason or 'failed'} after {occurrence.attempt_count} attempt(s){error}"
+        if resolution is not None:
+            return Verdict(
+                f"{headline}; resolved by {resolution.resolved_by}",
+                f'Resolved at {_utc(resolution.resolved_at)}: "{resolution.note}". It is out of the dead-letter '
+                "queue; a replay still runs it again (same id).",
+            )
         return Verdict(
-            f"dead: {reason or 'failed'} after {occurrence.attempt_count} attempt(s){error}",
-            "In the dead-letter queue: replay it (same id) once the cause is fixed.",
+            headline,
+            "In the dead-letter queue: replay it (same id) once the cause is fixed, or resolve it (with a note) if "
+            "nothing more is to be done.",
             "error",
         )
     if state == OccurrenceState.SUCCEEDED:

@@ -64,11 +64,10 @@ class AttemptAdmin(AttemptTimesMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
 
     def render_change_form(self, request: HttpRequest, context: dict, add=False, change=False, form_url="", obj=None):
         if obj is not None:
-            occurrence = (
-                Occurrence.objects.select_related("schedule")
-                .filter(occurrence_id=obj.occurrence_id, scheduled_for=obj.scheduled_for)
-                .first()
-            )
+            # No join to the schedule: a deleted tenant's attempts keep their occurrence's timeline.
+            occurrence = Occurrence.objects.filter(
+                occurrence_id=obj.occurrence_id, scheduled_for=obj.scheduled_for
+            ).first()
             if occurrence is not None:
                 context.update(timeline_context(occurrence, highlight=obj.generation))
                 context["occurrence"] = occurrence

@@ -13,6 +13,7 @@ from django.http import HttpRequest
 from core.choices import Lane
 from core.clock import db_now
 from dispatch.admin.common import precise_utc
+from dispatch.dlq import in_dead_letter_queue, resolved_dead
 from dispatch.queues import ALL_QUEUES
 from dispatch.stuck import DEFAULT_STUCK_AFTER_SECONDS, STUCK_PAGE, stuck_pages
 from scheduler_project.console import EARLIEST_INSTANT, parse_instant_text, parse_uuid
@@ -125,7 +126,9 @@ class ScheduledRangeFilter(admin.ListFilter):
         if errors:
             self.values = {}
             messages.error(request, f"Range ignored ({'; '.join(errors)}); showing the default range instead.")
-        self.narrowed = any(parse_uuid(request.GET.get(name, "")) is not None for name in ("schedule", "q"))
+        # One schedule (its own index) or the dead-letter queue (the watch's dead rows) drives the read over any time.
+        self.by_schedule = any(parse_uuid(request.GET.get(name, "")) is not None for name in ("schedule", "q"))
+        self.narrowed = self.by_schedule or request.GET.get(DeadLetterFilter.parameter_name) in DeadLetterFilter.VALUES
         setattr(request, RANGE_ON_REQUEST, (*self.bounds(), self.now))
 
     def _parse(self, raw: str) -> datetime:
@@ -173,7 +176,7 @@ class ScheduledRangeFilter(admin.ListFilter):
             yield {
                 "selected": not explicit,
                 "query_string": changelist.get_query_string(remove=list(self.parameters)),
-                "display": "Any time (this schedule)",
+                "display": "Any time (this schedule)" if self.by_schedule else "Any time (the dead-letter queue)",
             }
         after, before = self.bounds()
         yield {
@@ -185,6 +188,26 @@ class ScheduledRangeFilter(admin.ListFilter):
             "until": precise_utc(before) if before else "",
             "narrowed": self.narrowed,
         }
+
+
+class DeadLetterFilter(admin.SimpleListFilter):
+    """The dead-letter queue (dispatch/dlq.py): dead occurrences no operator resolved, over any time unless a range
+    is given (the watch's dead rows drive the read). The dashboard's DLQ tile counts exactly this list; resolved ones
+    are listed apart, where a replay still reaches them."""
+
+    title = "dead-letter queue"
+    parameter_name = "dlq"
+    VALUES = ("1", "resolved")
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("1", "In the DLQ (dead, not resolved)"), ("resolved", "Resolved (dead, set aside)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "1":
+            return in_dead_letter_queue(queryset)
+        if self.value() == "resolved":
+            return resolved_dead(queryset)
+        return queryset  # any other value is not a choice: ignored, as the admin ignores unknown choices
 
 
 # A schedule's list may cover any time; stuck occurrences are looked for over this much of it (the dashboard's tile

@@ -1,4 +1,5 @@
-"""Occurrences in the console: newest first within a range, lateness and duration, a timeline of each, replay."""
+"""Occurrences in the console: newest first within a range, lateness and duration, a timeline of each; replay and
+resolve from the dead-letter queue (dispatch/admin/dlq.py)."""
 
 from __future__ import annotations
 
@@ -6,30 +7,31 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.contrib import admin
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from core.clock import db_now
 from core.cron_syntax import TimeRuleError
 from core.timerules import local_time
-from dispatch.admin.common import AttemptTimesMixin, ReadOnlyAdminMixin, precise_utc, utc_column
-from dispatch.admin.filters import LaneFilter, ScheduledRangeFilter, ScheduleIdFilter, StuckFilter
-from dispatch.errors import ReplayRefused
-from dispatch.models import Attempt, Occurrence, OccurrenceState
-from dispatch.occurrences import replay_one
-from dispatch.timeline import occurrence_ids_in, occurrence_timeline, seconds_text, verdict
-from scheduler_project.console import (
-    EstimatedCountPaginator,
-    PageChangeList,
-    log_changes,
-    parse_uuid,
+from dispatch.admin.common import (
+    AttemptTimesMixin,
+    ReadOnlyAdminMixin,
+    ShownCountChangeList,
+    label_rows,
+    labels_of,
+    precise_utc,
+    utc_column,
 )
+from dispatch.admin.dlq import DeadLetterAdmin
+from dispatch.admin.filters import DeadLetterFilter, LaneFilter, ScheduledRangeFilter, ScheduleIdFilter, StuckFilter
+from dispatch.dlq import current_resolution, current_resolutions, resolution_history
+from dispatch.models import Attempt, Occurrence, OccurrenceResolution, OccurrenceState
+from dispatch.timeline import occurrence_ids_in, occurrence_timeline, seconds_text, verdict
+from scheduler_project.console import EstimatedCountPaginator, PageChangeList, parse_uuid
 from schedules.models import ScheduleVersion
 from tenants.access import scoped
 from tenants.filters import TenantFilter
@@ -74,24 +76,26 @@ class AttemptSpan:
     last_finished: datetime | None
 
 
-# Replays per bulk action: each is a locked transaction of its own (dispatch.occurrences.replay_one).
-MAX_BULK_REPLAY = 1000
+class OccurrenceChangeList(ShownCountChangeList, PageChangeList):
+    """The page's rows annotated (PageChangeList), and a count that says the rows shown (ShownCountChangeList)."""
 
 
 @admin.register(Occurrence)
-class OccurrenceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    """Occurrences, newest first, each with its timeline; dead ones can be replayed (dispatch.occurrences).
+class OccurrenceAdmin(ReadOnlyAdminMixin, DeadLetterAdmin):
+    """Occurrences, newest first, each with its timeline; dead ones can be replayed or resolved (DeadLetterAdmin).
 
     The table takes ~200 M rows a day, partitioned by day on scheduled_for, with no b-tree on scheduled_for alone.
     The list is always bounded in time (ScheduledRangeFilter: the last hour unless told otherwise), so the
     newest-first sort reads the rows of that range only (pruned to its day partitions, found through the BRIN); one
     schedule's occurrences come newest first from its (schedule_id, scheduled_for DESC) index over any range.
-    Lateness and duration come from the page's attempts, read in one query per page (PageChangeList).
+    Lateness and duration come from the page's attempts, the schedule's and tenant's names from their tables, each
+    read in one query per page (PageChangeList): no join, so a row whose tenant was deleted is listed and counted
+    alike (dispatch.admin.common.label_rows).
     """
 
     list_display = (
         "short_id",
-        "tenant",
+        "tenant_text",
         "schedule_link",
         "schedule_version",
         "scheduled_for_text",
@@ -101,9 +105,18 @@ class OccurrenceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "attempt_count",
         "lane",
     )
-    list_filter = (ScheduledRangeFilter, ScheduleIdFilter, StuckFilter, "state", LaneFilter, TenantFilter, "manual")
+    list_filter = (
+        ScheduledRangeFilter,
+        ScheduleIdFilter,
+        DeadLetterFilter,
+        StuckFilter,
+        "state",
+        LaneFilter,
+        TenantFilter,
+        "manual",
+    )
     list_display_links = ("short_id",)
-    list_select_related = ("tenant", "schedule")
+    list_select_related = ()
     search_fields = ("occurrence_id", "schedule__id")
     search_help_text = "An occurrence id or a schedule id (exact UUID)."
     paginator = EstimatedCountPaginator
@@ -113,12 +126,12 @@ class OccurrenceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     # Any other sort key would sort the whole range; scheduled_for is the partition key the range prunes.
     sortable_by = ("scheduled_for_text",)
     ordering = ("-scheduled_for",)
-    actions = ("replay_dead",)
+    actions = ("replay_dead", "resolve_dead")
     inlines = (AttemptInline,)
     change_form_template = "admin/dispatch/occurrence/change_form.html"
     fields = (
         "occurrence_id",
-        "tenant",
+        "tenant_text",
         "schedule_link",
         "schedule_version",
         "origin",
@@ -128,6 +141,7 @@ class OccurrenceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "priority",
         "state",
         "state_reason",
+        "resolution",
         "attempt_count",
         "lease_expires_at_utc",
         "enqueued_at_utc",
@@ -137,15 +151,10 @@ class OccurrenceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     readonly_fields = fields
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type:
-        return PageChangeList
+        return OccurrenceChangeList
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        # Payloads may be 64 KiB each; the list shows only the schedule's name.
-        return (
-            scoped(request, super().get_queryset(request))
-            .select_related("tenant", "schedule")
-            .defer("schedule__payload", "schedule__request_fingerprint")
-        )
+        return scoped(request, super().get_queryset(request))
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str):
         """Only exact ids: a substring search over hundreds of millions of UUIDs would scan the table."""
@@ -157,7 +166,8 @@ class OccurrenceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return queryset.filter(Q(occurrence_id=wanted) | Q(schedule_id=wanted)), False
 
     def annotate_page(self, request: HttpRequest | None, occurrences: list[Occurrence]) -> None:
-        """The attempts of the page's occurrences in one query; scheduled_for prunes the attempt partitions."""
+        """The attempts of the page's occurrences in one query (scheduled_for prunes the attempt partitions), their
+        schedules' and tenants' names, and the resolutions of its dead ones."""
         spans: dict[Any, AttemptSpan] = {}
         if occurrences:
             rows = (
@@ -175,26 +185,38 @@ class OccurrenceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                     last_started=started_at,
                     last_finished=finished_at,
                 )
+        resolutions = current_resolutions(occurrences)
         for occurrence in occurrences:
             occurrence.attempt_span = spans.get(occurrence.occurrence_id)  # type: ignore[attr-defined]
+            occurrence.dlq_resolution = resolutions.get(occurrence.occurrence_id)  # type: ignore[attr-defined]
+        label_rows(occurrences)
 
     @admin.display(description="occurrence")
     def short_id(self, occurrence: Occurrence) -> str:
         """The id's first block (the page and the search take the whole id); the full id on hover."""
         return format_html('<code title="{}">{}&hellip;</code>', occurrence.occurrence_id, str(occurrence.pk)[:8])
 
-    @admin.display(description="schedule", ordering="schedule__name")
+    @admin.display(description="tenant")
+    def tenant_text(self, occurrence: Occurrence) -> str:
+        _, slug = labels_of(occurrence)
+        return slug or f"{occurrence.tenant_id} (deleted)"
+
+    @admin.display(description="schedule")
     def schedule_link(self, occurrence: Occurrence) -> str:
+        schedule, _ = labels_of(occurrence)
+        if schedule is None:
+            return format_html("<code>{}</code> (deleted)", occurrence.schedule_id)
         url = reverse("admin:schedules_schedule_change", args=[occurrence.schedule_id])
-        return format_html('<a href="{}">{}</a>', url, occurrence.schedule.name)
+        return format_html('<a href="{}">{}</a>', url, schedule.name)
 
     @admin.display(description="scheduled for", ordering="scheduled_for")
     def scheduled_for_text(self, occurrence: Occurrence) -> str:
         """UTC to the millisecond, and the schedule's wall clock, with the zone's abbreviation."""
-        if occurrence.schedule.timezone == "UTC":
+        schedule, _ = labels_of(occurrence)
+        if schedule is None or schedule.timezone == "UTC":
             return precise_utc(occurrence.scheduled_for)
         try:
-            local = local_time(occurrence.scheduled_for, occurrence.schedule.timezone)
+            local = local_time(occurrence.scheduled_for, schedule.timezone)
         except (TimeRuleError, ValueError):
             return precise_utc(occurrence.scheduled_for)
         return format_html(
@@ -202,20 +224,41 @@ class OccurrenceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             precise_utc(occurrence.scheduled_for),
             local.strftime("%Y-%m-%d %H:%M:%S"),
             local.tzname(),
-            occurrence.schedule.timezone,
+            schedule.timezone,
         )
 
     @admin.display(description="state")
     def state_text(self, occurrence: Occurrence) -> str:
         reason = occurrence.state_reason
         shown = reason if len(reason) <= 90 else reason[:87] + "..."
+        resolution = self._resolution(occurrence)
         return format_html(
-            '<span class="sched-state sched-state-{}">{}</span>{}{}',
+            '<span class="sched-state sched-state-{}">{}</span>{}{}{}',
             occurrence.state,
             occurrence.state,
             format_html('<br><small title="{}">{}</small>', reason, shown) if reason else "",
             format_html("<br><small>{}</small>", "throttled") if occurrence.throttled else "",
+            format_html(
+                '<br><small class="resolved" title="{}">resolved by {}</small>', resolution.note, resolution.resolved_by
+            )
+            if resolution is not None
+            else "",
         )
+
+    @admin.display(description="resolution")
+    def resolution(self, occurrence: Occurrence) -> str:
+        """Who set this death aside from the DLQ, when and why; none while it is in the DLQ (or not dead)."""
+        found = self._resolution(occurrence)
+        if found is None:
+            return "—"
+        return f"{precise_utc(found.resolved_at)}, {found.resolved_by}: {found.note}"
+
+    def _resolution(self, occurrence: Occurrence) -> OccurrenceResolution | None:
+        if not hasattr(occurrence, "dlq_resolution"):  # outside a list page
+            occurrence.dlq_resolution = current_resolution(  # type: ignore[attr-defined]
+                occurrence, resolution_history(occurrence)
+            )
+        return occurrence.dlq_resolution  # type: ignore[attr-defined]
 
     @admin.display(description="late by")
     def lateness(self, occurrence: Occurrence) -> str:
@@ -263,71 +306,8 @@ class OccurrenceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def render_change_form(self, request: HttpRequest, context: dict, add=False, change=False, form_url="", obj=None):
         if obj is not None:
             context.update(timeline_context(obj, highlight=None))
-            context["can_replay"] = obj.state == OccurrenceState.DEAD and self.has_replay_permission(request)
-            context["replay_url"] = reverse("admin:dispatch_occurrence_replay", args=[obj.pk])
+            context.update(self.dead_letter_context(request, obj, self._resolution(obj)))
         return super().render_change_form(request, context, add, change, form_url, obj)
-
-    # -- replay from the DLQ --
-
-    def has_replay_permission(self, request: HttpRequest) -> bool:
-        # The model admin is read-only (no change permission by design); replay is the one operator transition.
-        return request.user.has_perm("dispatch.change_occurrence")
-
-    def get_urls(self) -> list:
-        wrap = self.admin_site.admin_view
-        return [
-            path("<path:object_id>/replay/", wrap(self.replay_view), name="dispatch_occurrence_replay"),
-            *super().get_urls(),
-        ]
-
-    def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """GET: what a replay does; POST: dispatch.occurrences.replay_one (same id, forced, released now)."""
-        occurrence = self.get_object(request, object_id)
-        if occurrence is None:
-            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)  # type: ignore[attr-defined]
-        if not self.has_replay_permission(request):
-            raise PermissionDenied
-        change_url = reverse("admin:dispatch_occurrence_change", args=[occurrence.pk])
-        if request.method == "POST":
-            try:
-                replay_one(occurrence.occurrence_id)
-            except ReplayRefused as exc:
-                messages.error(request, f"Not replayed: {exc}")
-            else:
-                log_changes(request, [(occurrence, "Replayed from the dead-letter queue (same occurrence id).")])
-                messages.success(
-                    request, f"Occurrence {occurrence.pk} replayed: it is scheduled again, under the same id."
-                )
-            return HttpResponseRedirect(change_url)
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "original": occurrence,
-            "title": f"Replay occurrence {occurrence.pk}?",
-            "change_url": change_url,
-        }
-        return TemplateResponse(request, "admin/dispatch/occurrence/replay_confirmation.html", context)
-
-    @admin.action(description="Replay selected dead occurrences (same ids)", permissions=["replay"])
-    def replay_dead(self, request: HttpRequest, queryset: QuerySet) -> None:
-        selected = list(queryset.order_by()[: MAX_BULK_REPLAY + 1])
-        if len(selected) > MAX_BULK_REPLAY:
-            messages.error(request, f"Nothing done: at most {MAX_BULK_REPLAY} occurrences per replay; narrow the list.")
-            return
-        replayed, refused = [], []
-        for occurrence in selected:
-            try:
-                replay_one(occurrence.occurrence_id)
-            except ReplayRefused as exc:
-                refused.append(str(exc))
-            else:
-                replayed.append(occurrence)
-        log_changes(request, [(o, "Replayed from the dead-letter queue by a bulk action (same id).") for o in replayed])
-        if replayed or not refused:
-            messages.success(request, f"Replayed {len(replayed)} dead occurrence(s) under their own ids.")
-        if refused:
-            shown = " ".join(refused[:5]) + (f" And {len(refused) - 5} more." if len(refused) > 5 else "")
-            messages.warning(request, f"Not replayed: {len(refused)}. {shown}")
 
 
 def timeline_context(occurrence: Occurrence, *, highlight: int | None) -> dict[str, Any]:
@@ -343,8 +323,11 @@ def timeline_context(occurrence: Occurrence, *, highlight: int | None) -> dict[s
         .first()
     )
     now = db_now()
-    judged = verdict(occurrence, attempts, definition=definition, now=now)
-    events = occurrence_timeline(occurrence, attempts, definition=definition, now=now)
+    resolutions = resolution_history(occurrence)
+    judged = verdict(
+        occurrence, attempts, definition=definition, now=now, resolution=current_resolution(occurrence, resolutions)
+    )
+    events = occurrence_timeline(occurrence, attempts, definition=definition, now=now, resolutions=resolutions)
     attempt_urls = {
         attempt.generation: reverse("admin:dispatch_attempt_change", args=[attempt.pk]) for attempt in attempts
     }

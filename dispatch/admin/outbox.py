@@ -12,7 +12,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from core.clock import db_now
-from dispatch.admin.common import ReadOnlyAdminMixin, utc_column
+from dispatch.admin.common import ReadOnlyAdminMixin, ShownCountChangeList, utc_column
 from dispatch.admin.filters import QueueFilter
 from dispatch.models import OutboxMessage
 from scheduler_project.console import EXACT_COUNT_LIMIT, EstimatedCountPaginator, bounded_count, parse_uuid
@@ -23,15 +23,25 @@ from tenants.models import Tenant
 
 
 class PublishedFilter(admin.SimpleListFilter):
+    """Where an envelope stands; the dashboard's backlog tiles link to "due" and "published" and count what they
+    list (dispatch/sql/dashboard.py BACKLOG)."""
+
     title = "status"
     parameter_name = "status"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [("pending", "waiting to be published"), ("published", "published, not yet settled")]
+        return [
+            ("pending", "waiting to be published"),
+            ("due", "due now, not yet published"),
+            ("published", "published, not yet settled"),
+        ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         if self.value() == "pending":
             return queryset.filter(published_at__isnull=True)
+        if self.value() == "due":
+            # The partial index outbox_due (available_at) WHERE published_at IS NULL serves it.
+            return queryset.filter(published_at__isnull=True, available_at__lte=db_now())
         if self.value() == "published":
             return queryset.filter(published_at__isnull=False)
         return queryset
@@ -81,6 +91,9 @@ class OutboxMessageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return sees_every_tenant(request) and super().has_module_permission(request)
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type:
+        return ShownCountChangeList
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         # tenant_id is a plain column (the relay must not join), so the slug comes from a per-row subquery.

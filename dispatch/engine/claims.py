@@ -46,7 +46,7 @@ from dispatch.engine.claim_rules import (
     wait_for_running_slot,
 )
 from dispatch.engine.outcomes import DropReason
-from dispatch.engine.retry import deadline_of
+from dispatch.engine.retry import attempts_of, deadline_of
 from dispatch.models import TERMINAL_STATES, OccurrenceState
 from dispatch.quotas import lock_running_rows, release_running_slots
 from dispatch.sql import PreparedCursor
@@ -390,7 +390,7 @@ def _exit(cursor, key: dict[str, Any], o: Observed) -> Drop | None:
             withdrawal_reason(o.schedule_state, o.schedule_version),
         )
     if expired_run and o.attempt_count >= o.max_attempts:
-        words = f"attempts exhausted ({o.attempt_count} of {o.max_attempts})"
+        words = f"attempts exhausted ({attempts_of(o.attempt_count, o.max_attempts)})"
         return move(OccurrenceState.DEAD, DropReason.ATTEMPTS_EXHAUSTED, words)
     if o.attempt_count > 0:
         deadline = deadline_of(key["scheduled_for"], forced=o.forced)

@@ -37,7 +37,7 @@ from dispatch.engine.claims import Claim, Drop, schedule_withdraws, try_claim, w
 from dispatch.engine.faults import crash_point
 from dispatch.engine.leases import Ticket, lease_renewer
 from dispatch.engine.outcomes import ErrorClass, RunOutcome, Tally
-from dispatch.engine.retry import ERROR_MAX_CHARS, RunResult, backoff_for, classify, plan_retry
+from dispatch.engine.retry import ERROR_MAX_CHARS, RunResult, attempts_of, backoff_for, classify, plan_retry
 from dispatch.handlers import get_handler
 from dispatch.models import OccurrenceState
 from dispatch.outbox import Fire, enqueue
@@ -179,12 +179,12 @@ def _outcome(claim: Claim, result: RunResult) -> tuple[str, str, str]:
         return (
             OccurrenceState.DEAD,
             RunOutcome.FAILED,
-            f"attempts exhausted ({claim.generation} of {claim.max_attempts})",
+            f"attempts exhausted ({attempts_of(claim.generation, claim.max_attempts)})",
         )
     return (
         OccurrenceState.DEAD,
         RunOutcome.FAILED,
-        f"permanent error (attempt {claim.generation} of {claim.max_attempts})",
+        f"permanent error (attempt {attempts_of(claim.generation, claim.max_attempts)})",
     )
 
 

@@ -62,6 +62,19 @@ def backoff_for(result: RunResult, attempt: int) -> float:
     return backoff
 
 
+def attempts_of(generation: int, max_attempts: int) -> str:
+    """The attempts made of the attempts allowed, for a reason an operator reads: "3 of 5".
+
+    The generation is the occurrence's fencing token, so it counts every attempt of its life; max_attempts is its own
+    version's (the definition it runs). A replay from the DLQ keeps the generation and runs the occurrence again past
+    max_attempts: each attempt beyond it was allowed by a replay, and is said so ("3 of 3: max_attempts 1 + 2 by
+    replay") instead of "3 of 1". dispatch/sql/leases.py REAP_EXPIRED_LEASES writes the same words.
+    """
+    if generation <= max_attempts:
+        return f"{generation} of {max_attempts}"
+    return f"{generation} of {generation}: max_attempts {max_attempts} + {generation - max_attempts} by replay"
+
+
 def deadline_of(scheduled_for: datetime, *, forced: bool) -> datetime | None:
     """The instant after which no retry of the occurrence runs, or None for forced occurrences.
 

@@ -42,6 +42,15 @@ LEFT JOIN LATERAL (
 """
 
 
+# The dead-letter queue, as a condition on a watch row `w`: dead, and that death not resolved by an operator
+# (dispatch/dlq.py). A resolution names the generation the occurrence died at, so one replayed that dies again is in
+# the queue again. The resolution table is small (operators' decisions): the planner hashes it once per statement.
+UNRESOLVED_DEAD = """w.state = 'dead' AND NOT EXISTS (
+    SELECT 1 FROM dispatch_occurrence_resolution AS r
+    WHERE r.occurrence_id = w.occurrence_id AND r.scheduled_for = w.scheduled_for
+      AND r.attempt_count = w.attempt_count)"""
+
+
 class PreparedCursor:
     """A cursor on Django's connection (same transaction) that has PostgreSQL keep the plan of each statement.
 

@@ -9,6 +9,8 @@ rule so Python expands each rule once; the quota and liveness tables are small.
 
 from __future__ import annotations
 
+from dispatch.sql import UNRESOLVED_DEAD
+
 # Rows the planner expects in the occurrence partitions overlapping [since, now]: the sample percentage is chosen
 # from this (reltuples is -1 before a partition's first ANALYZE; counted as 0, i.e. read it all).
 RECENT_ROWS_ESTIMATE = """
@@ -116,10 +118,17 @@ SELECT count(*) FILTER (WHERE published_at IS NULL AND available_at <= clock_tim
 FROM dispatch_outboxmessage
 """
 
-DEAD_COUNT = """
+# The DLQ tile: what the occurrence list's "in the DLQ" filter (dispatch/dlq.py in_dead_letter_queue) lists, over any
+# time, of the operator's tenants: the tile counts exactly the rows its link opens.
+DEAD_COUNT = (
+    """
 SELECT count(*) FROM dispatch_occurrence_watch AS w
-WHERE w.state = 'dead' AND (%(tenant_ids)s::bigint[] IS NULL OR w.tenant_id = ANY(%(tenant_ids)s::bigint[]))
+WHERE """
+    + UNRESOLVED_DEAD
+    + """
+  AND (%(tenant_ids)s::bigint[] IS NULL OR w.tenant_id = ANY(%(tenant_ids)s::bigint[]))
 """
+)
 
 # Per tenant: the engine's quota counters (dispatch/sql/quotas.py), busiest first, bounded. dispatched_fires counts
 # every publish since the tenant's first (a fire parked for max_running, or retried, is published again and counted

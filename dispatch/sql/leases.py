@@ -129,7 +129,8 @@ FROM renewed AS r
 # one locked. SKIP LOCKED: a live worker completing or renewing one of these rows wins, and several reapers split
 # the work. Outcome per row, with its reason in words:
 # canceled if the schedule moved on (the claim would cancel it anyway); dead when the attempts of the occurrence's
-# own version are used up (its snapshot, read as at claim time: see LOCK_OCCURRENCE in dispatch/sql/claims.py) or the
+# own version are used up (its snapshot, read as at claim time: see LOCK_OCCURRENCE in dispatch/sql/claims.py; the
+# words are dispatch.engine.retry.attempts_of's, attempts past max_attempts being a replay's) or the
 # occurrence deadline has passed (not for forced ones, see dispatch/engine/retry.deadline_of); otherwise
 # retry_wait, due at once, with a new envelope written by the caller for the returned rows. A worker's death is
 # not its tenant's doing, so these retries take no slot of the tenant's retry budget.
@@ -158,7 +159,10 @@ WITH expired AS (
                 ELSE 'retry_wait' END AS new_state,
            CASE WHEN e.schedule_state = 'canceled' THEN 'schedule canceled'
                 WHEN e.superseded THEN 'schedule changed to version ' || e.schedule_version
-                WHEN e.attempt_count >= e.max_attempts
+                WHEN e.attempt_count > e.max_attempts
+                    THEN 'attempts exhausted (' || e.attempt_count || ' of ' || e.attempt_count || ': max_attempts '
+                         || e.max_attempts || ' + ' || (e.attempt_count - e.max_attempts) || ' by replay)'
+                WHEN e.attempt_count = e.max_attempts
                     THEN 'attempts exhausted (' || e.attempt_count || ' of ' || e.max_attempts || ')'
                 WHEN e.past_deadline THEN 'deadline passed'
                 ELSE '' END AS reason

@@ -4,20 +4,25 @@ place with the rest, so every statement that touches the engine tables is found 
 
 from __future__ import annotations
 
+from dispatch.sql import UNRESOLVED_DEAD
+
 # --- replay (DLQ) --------------------------------------------------------------------------------------------------
 
 # The same transition as services.replay_dead_occurrence, for a batch: dead -> scheduled, forced, available now.
 # SKIP LOCKED: a row another replay (or the API) holds is left to it. Occurrences of a canceled schedule stay dead
-# (workers would drop them), and are counted separately. `o.state = 'dead'` is re-checked in the UPDATE so a row
-# that changed since the subquery read it is not touched (docs/ARCHITECTURE.md rule 14: every transition is
-# conditional).
-REPLAY_DEAD_BATCH = """
+# (workers would drop them), and are counted separately. The DLQ only: a dead occurrence an operator resolved is
+# left (replay it by its id to run it again). `o.state = 'dead'` is re-checked in the UPDATE so a row that changed
+# since the subquery read it is not touched (docs/ARCHITECTURE.md rule 14: every transition is conditional).
+REPLAY_DEAD_BATCH = (
+    """
 WITH picked AS (
     SELECT o.occurrence_id, o.scheduled_for
     FROM dispatch_occurrence_watch AS w
     JOIN dispatch_occurrence AS o ON o.occurrence_id = w.occurrence_id AND o.scheduled_for = w.scheduled_for
     JOIN schedules_schedule AS s ON s.id = o.schedule_id
-    WHERE w.state = 'dead' AND o.state = 'dead' AND s.state <> 'canceled'
+    WHERE """
+    + UNRESOLVED_DEAD
+    + """ AND o.state = 'dead' AND s.state <> 'canceled'
       AND (%(tenant_id)s::bigint IS NULL OR w.tenant_id = %(tenant_id)s::bigint)
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
@@ -28,14 +33,20 @@ FROM picked
 WHERE o.occurrence_id = picked.occurrence_id AND o.scheduled_for = picked.scheduled_for AND o.state = 'dead'
 RETURNING o.occurrence_id, o.scheduled_for, o.tenant_id, o.lane, o.priority
 """
+)
 
-COUNT_DEAD_OF_CANCELED = """
+# The DLQ's occurrences of canceled schedules: what `replay --dead` leaves, for an operator to resolve.
+COUNT_DEAD_OF_CANCELED = (
+    """
 SELECT count(*)
 FROM dispatch_occurrence_watch AS w
 JOIN schedules_schedule AS s ON s.id = w.schedule_id
-WHERE w.state = 'dead' AND s.state = 'canceled'
+WHERE """
+    + UNRESOLVED_DEAD
+    + """ AND s.state = 'canceled'
   AND (%(tenant_id)s::bigint IS NULL OR w.tenant_id = %(tenant_id)s::bigint)
 """
+)
 
 # --- backfill ------------------------------------------------------------------------------------------------------
 
@@ -164,8 +175,11 @@ LOCK_PARENT_ONLY = 'LOCK TABLE ONLY "public"."{parent}" IN ACCESS EXCLUSIVE MODE
 LOCK_PARTITION = 'LOCK TABLE "public"."{partition}" IN ACCESS EXCLUSIVE MODE'
 DROP_PARTITION = 'DROP TABLE IF EXISTS "public"."{partition}"'
 # A dropped day's dead fires leave the watch with it (a DROP fires no trigger); DAY_REOPENED found none of its fires
-# in the other watched states. Through watch_dead_by_day.
+# in the other watched states. Through watch_dead_by_day. The resolutions of its dead fires go too (resolution_by_day).
 FORGET_WATCHED_DAY = """
+WITH unresolved AS (
+    DELETE FROM dispatch_occurrence_resolution WHERE scheduled_for >= %(start)s AND scheduled_for < %(end)s
+)
 DELETE FROM dispatch_occurrence_watch WHERE state = 'dead' AND scheduled_for >= %(start)s AND scheduled_for < %(end)s
 """
 
@@ -192,6 +206,9 @@ WITH deleted AS (
 ), unwatched AS (
     DELETE FROM dispatch_occurrence_watch AS w USING deleted AS d
     WHERE d.state = 'dead' AND w.occurrence_id = d.occurrence_id AND w.scheduled_for = d.scheduled_for
+), unresolved AS (
+    DELETE FROM dispatch_occurrence_resolution AS r USING deleted AS d
+    WHERE d.state = 'dead' AND r.occurrence_id = d.occurrence_id AND r.scheduled_for = d.scheduled_for
 )
 SELECT count(*) FROM deleted
 """

@@ -6,6 +6,8 @@ table of 20 M schedules and a day of 200 M occurrences.
 
 from __future__ import annotations
 
+from dispatch.sql import UNRESOLVED_DEAD
+
 # --- stored counters (dispatch/counters.py) ------------------------------------------------------------------------
 
 # A process's pending deltas, added to the totals. The rows come in (name, labels) order, the order every writer
@@ -94,11 +96,16 @@ LATERAL (SELECT next_run_at AS first_due FROM schedules_schedulecursor
          ORDER BY next_run_at LIMIT 1) AS f
 """
 
-METRICS_DEAD_AND_LEASES = """
-SELECT (SELECT count(*) FROM dispatch_occurrence_watch WHERE state = 'dead'),
+# The DLQ's size is its unresolved dead rows (dispatch/dlq.py): an alert on it clears once operators resolve them.
+METRICS_DEAD_AND_LEASES = (
+    """
+SELECT (SELECT count(*) FROM dispatch_occurrence_watch AS w WHERE """
+    + UNRESOLVED_DEAD
+    + """),
        (SELECT count(*) FROM dispatch_occurrence_watch WHERE state = 'running'),
        (SELECT count(*) FROM dispatch_occurrence_watch WHERE state = 'running' AND lease_expires_at < clock_timestamp())
 """
+)
 
 METRICS_LIVE_PROCESSES = """
 SELECT role, count(*) FROM dispatch_processheartbeat

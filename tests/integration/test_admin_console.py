@@ -829,7 +829,7 @@ def test_bulk_replay_replays_the_dead_and_names_what_it_refused(console, make):
 
     response = console.post(
         OCCURRENCES_URL,
-        {"action": "replay_dead", ACTION_CHECKBOX_NAME: [str(o.pk) for o in [*dead, fine]]},
+        {"action": "replay_dead", ACTION_CHECKBOX_NAME: [str(o.pk) for o in [*dead, fine]], "confirm": "yes"},
         follow=True,
     )
 

@@ -196,6 +196,7 @@ def test_a_schedule_operation_on_a_bad_id_is_refused_never_a_500(console, bad_id
     "path",
     [
         "/admin/dispatch/occurrence/{bad}/replay/",
+        "/admin/dispatch/occurrence/{bad}/resolve/",
         "/admin/dispatch/occurrence/{bad}/change/",
         "/admin/dispatch/attempt/{bad}/change/",
         "/admin/tenants/tenant/{bad}/token/",

@@ -71,7 +71,7 @@ def test_the_index_shows_the_charts_as_inline_svg_with_the_dlq_link(console, act
 
     assert page.count('<svg class="chart"') == 3, "lag, states and due-next-hour charts"
     assert "<polyline" in page, "the lag is drawn as lines"
-    assert re.search(r'href="/admin/dispatch/occurrence/\?state__exact=dead"', page)
+    assert re.search(r'href="/admin/dispatch/occurrence/\?dlq=1"', page), "the DLQ: dead and not resolved"
     assert "dispatch/dashboard.css" in page
     assert "http://" not in page.split("<body", 1)[1].replace("http://www.w3.org", ""), "nothing from elsewhere"
     assert "worker-dash" in page and "silent" in page

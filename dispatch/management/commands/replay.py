@@ -61,7 +61,8 @@ class Command(BaseCommand):
         self.stdout.write(f"Replayed {result.replayed} dead occurrences.")
         if result.left_canceled:
             self.stdout.write(
-                f"Left {result.left_canceled} dead occurrences of canceled schedules: they would not run."
+                f"Left {result.left_canceled} dead occurrences of canceled schedules: they would not run "
+                "(resolve them in the console to take them out of the dead-letter queue)."
             )
 
     def _replay_one(self, occurrence_text: str) -> None:
