@@ -24,7 +24,7 @@ from psycopg.rows import dict_row
 from core.choices import Kind, ScheduleState
 from core.clock import db_now
 from core.cron_syntax import TimeRuleError, parse_cron
-from dispatch.handlers import is_registered, registered_names
+from dispatch.services import is_registered, registered_names
 from schedules.definitions import clean_definition
 from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
 from schedules.models import Schedule, ScheduleVersion, VersionChange

@@ -173,7 +173,7 @@ def test_list_filters_are_documented(spec):
     schedules = parameters(operation(spec, "get", "schedules/"), "query")
     occurrences = parameters(operation(spec, "get", "occurrences/"), "query")
 
-    assert set(schedules) == {"state", "handler", "name", "page"}
+    assert set(schedules) == {"state", "handler", "name", "selector", "page"}
     assert set(occurrences) == {"state", "schedule", "scheduled_after", "scheduled_before", "page"}
     assert set(occurrences["state"]["schema"]["enum"]) == set(OccurrenceState.values)
     assert occurrences["schedule"]["schema"] == {"type": "string", "format": "uuid"}

@@ -58,7 +58,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dispatch.handlers import is_registered, registered_names
+from dispatch.services import is_registered, registered_names
 from schedules.celery_beat import BeatSourceError, import_tasks, read_beat_tasks
 from tenants.models import Tenant
 
