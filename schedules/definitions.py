@@ -28,6 +28,8 @@ NUMERIC_RANGES: dict[str, tuple[int, int]] = {
     "catchup_limit": (0, 1000),
     "max_attempts": (1, 100),
 }
+# A schedule's retry policy (null: the platform's settings): the first wait's scale and the longest wait, in seconds.
+RETRY_RANGES: dict[str, tuple[int, int]] = {"retry_base_seconds": (1, 3600), "retry_cap_seconds": (1, 86400)}
 DEFAULTS: dict[str, Any] = {
     "cron": None,
     "run_at": None,
@@ -49,6 +51,8 @@ DEFAULTS: dict[str, Any] = {
     "catchup_limit": 10,
     "overlap_policy": OverlapPolicy.ALLOW,
     "max_attempts": 5,
+    "retry_base_seconds": None,
+    "retry_cap_seconds": None,
     "labels": {},
 }
 REQUIRED_FIELDS = ("name", "kind", "handler")
@@ -182,6 +186,8 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
             if problems:
                 errors.setdefault("payload", []).extend(problems)
 
+    _check_retry(definition, errors)
+
     problems = label_problems(definition.get("labels"))
     if problems:
         errors.setdefault("labels", []).extend(problems)
@@ -195,6 +201,18 @@ def clean_definition(data: dict[str, Any]) -> dict[str, Any]:
     if errors:
         raise ScheduleInvalid(errors)
     return {field: definition[field] for field in DEFINITION_FIELDS}
+
+
+def _check_retry(definition: dict[str, Any], errors: dict[str, list[str]]) -> None:
+    """The retry policy: each null (the platform's) or an integer in its range; a cap not below the base."""
+    for field, (low, high) in RETRY_RANGES.items():
+        value = definition.get(field)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high):
+            errors.setdefault(field, []).append(f"Must be an integer from {low} to {high}, or null (the default).")
+    base, cap = definition.get("retry_base_seconds"), definition.get("retry_cap_seconds")
+    checked = "retry_base_seconds" not in errors and "retry_cap_seconds" not in errors
+    if checked and base is not None and cap is not None and cap < base:
+        errors.setdefault("retry_cap_seconds", []).append("Must not be below retry_base_seconds.")
 
 
 def _check_window(definition: dict[str, Any], errors: dict[str, list[str]]) -> None:

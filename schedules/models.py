@@ -44,6 +44,8 @@ DEFINITION_FIELDS = (
     "catchup_limit",
     "overlap_policy",
     "max_attempts",
+    "retry_base_seconds",
+    "retry_cap_seconds",
     "labels",
 )
 
@@ -137,6 +139,11 @@ class Schedule(models.Model):
     catchup_limit = models.PositiveIntegerField(default=10)
     overlap_policy = models.CharField(max_length=16, choices=OverlapPolicy.choices, default=OverlapPolicy.ALLOW)
     max_attempts = models.PositiveSmallIntegerField(default=5)
+    # How long a transient failure waits before the next attempt (dispatch/engine/retry.py: equal jitter between
+    # half and all of min(cap, base * 2**(attempt-1))); None: the platform's SCHEDULER_RETRY_*_SECONDS. Plain integer
+    # columns: a CHECK would make adding them scan the whole table under its lock; the ranges are the services'.
+    retry_base_seconds = models.IntegerField(null=True, blank=True)
+    retry_cap_seconds = models.IntegerField(null=True, blank=True)
     # The tenant's own key/value tags (core/labels.py), chosen by selectors in lists, bulk changes, export/apply and
     # notifications. A database default, so raw inserts (the benchmarks' COPY) need not name it.
     labels = models.JSONField(default=dict, blank=True, db_default={})

@@ -64,6 +64,8 @@ class Observed(NamedTuple):
     misfire_policy: str
     max_lateness_seconds: int
     catchup_limit: int
+    retry_base_seconds: int | None
+    retry_cap_seconds: int | None
     now: datetime
 
 

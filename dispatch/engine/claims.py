@@ -81,6 +81,9 @@ class Claim:
     lease_expires_at: datetime
     overlap_policy: str = OverlapPolicy.ALLOW
     forced: bool = False
+    # The schedule's retry policy (its version's); None: the platform's settings.
+    retry_base_seconds: int | None = None
+    retry_cap_seconds: int | None = None
     # A first attempt's claim - release instant (None: not counted, as for retries, forced and manual fires).
     start_lag: float | None = None
 
@@ -459,6 +462,8 @@ def _claim_of(
         lease_expires_at=lease_expires_at,
         overlap_policy=o.overlap_policy,
         forced=o.forced,
+        retry_base_seconds=o.retry_base_seconds,
+        retry_cap_seconds=o.retry_cap_seconds,
         start_lag=start_lag,
     )
 

@@ -197,7 +197,8 @@ def complete(claim: Claim, result: RunResult, now: datetime | None = None) -> st
             cursor.execute(claim_sql.LOCK_RUNNING, {**claim.key, "now": now, "generation": claim.generation})
             owned = cursor.fetchone()
             if owned is not None:  # a fenced completion takes no budget slot; its UPDATE below is refused
-                desired = owned[0] + timedelta(seconds=backoff_for(result, claim.generation))
+                wait = backoff_for(result, claim.generation, base=claim.retry_base_seconds, cap=claim.retry_cap_seconds)
+                desired = owned[0] + timedelta(seconds=wait)
                 plan = plan_retry(
                     cursor,
                     tenant_id=claim.tenant_id,

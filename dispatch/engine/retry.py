@@ -48,15 +48,21 @@ class RetryPlan:
 
 
 def retry_backoff(attempt: int, *, base: float, cap: float, rng: random.Random | None = None) -> float:
-    """Full jitter: uniform in [0, min(cap, base * 2**(attempt-1))], so a burst of failures does not retry in step."""
+    """Equal jitter: uniform in [c/2, c], c = min(cap, base * 2**(attempt-1)).
+
+    Half of each wait is certain, so retries bridge an ordinary blip of the target: with full jitter (uniform in
+    [0, c]) four retries could all land in the first two seconds of a restart and send the fire to the DLQ. The other
+    half is random, so a burst of failures does not retry in step."""
     ceiling = min(cap, base * 2 ** max(0, attempt - 1))
-    return (rng or random).uniform(0, ceiling)
+    return ceiling / 2 + (rng or random).uniform(0, ceiling / 2)
 
 
-def backoff_for(result: RunResult, attempt: int) -> float:
-    """Seconds before the next attempt: full jitter, raised to a Retry-After the target asked for, capped."""
-    cap = settings.SCHEDULER_RETRY_CAP_SECONDS
-    backoff = retry_backoff(attempt, base=settings.SCHEDULER_RETRY_BASE_SECONDS, cap=cap)
+def backoff_for(result: RunResult, attempt: int, *, base: float | None = None, cap: float | None = None) -> float:
+    """Seconds before the next attempt: the schedule's policy (`base`, `cap`; None: the platform's settings) with
+    equal jitter, raised to a Retry-After the target asked for, capped."""
+    cap = settings.SCHEDULER_RETRY_CAP_SECONDS if cap is None else cap
+    base = settings.SCHEDULER_RETRY_BASE_SECONDS if base is None else base
+    backoff = retry_backoff(attempt, base=base, cap=cap)
     if result.retry_after:
         backoff = max(backoff, min(result.retry_after, cap))
     return backoff

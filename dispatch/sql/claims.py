@@ -36,6 +36,10 @@ CLAIM_COLUMNS = """o.state, o.attempt_count, o.lease_expires_at, o.available_at,
        COALESCE(v.definition ->> 'misfire_policy', s.misfire_policy),
        COALESCE((v.definition ->> 'max_lateness_seconds')::int, s.max_lateness_seconds),
        COALESCE((v.definition ->> 'catchup_limit')::int, s.catchup_limit),
+       CASE WHEN v.definition ? 'retry_base_seconds' THEN (v.definition ->> 'retry_base_seconds')::int
+            ELSE s.retry_base_seconds END,
+       CASE WHEN v.definition ? 'retry_cap_seconds' THEN (v.definition ->> 'retry_cap_seconds')::int
+            ELSE s.retry_cap_seconds END,
        COALESCE(%(now)s::timestamptz, clock_timestamp())"""
 
 # The occurrence row locked for the claim transaction, with the schedule as it is now (version re-check) and the

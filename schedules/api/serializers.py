@@ -17,7 +17,7 @@ from core.timerules import EARLIEST_INSTANT, EVERY_SECONDS_RANGE, LATEST_INSTANT
 from dispatch.models import Attempt, Occurrence, OccurrenceState
 from dispatch.services import earliest_pending_fire
 from schedules.calendar_names import MAX_CALENDARS_PER_SCHEDULE, NAME_REGEX
-from schedules.definitions import MAX_RUNS, NUMERIC_RANGES
+from schedules.definitions import MAX_RUNS, NUMERIC_RANGES, RETRY_RANGES
 from schedules.json_input import MAX_JSON_DEPTH, json_depth_exceeds
 from schedules.models import DEFINITION_FIELDS, Schedule
 from schedules.services import MAX_PREVIEW_COUNT
@@ -251,6 +251,23 @@ class ScheduleInputSerializer(serializers.Serializer):
     catchup_limit = _int_field("catchup_limit")
     overlap_policy = _choice_field(OverlapPolicy)
     max_attempts = _int_field("max_attempts")
+    retry_base_seconds = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=RETRY_RANGES["retry_base_seconds"][0],
+        max_value=RETRY_RANGES["retry_base_seconds"][1],
+        help_text="A transient failure's wait before attempt n+1 is between half and all of min(retry_cap_seconds, "
+        "retry_base_seconds x 2^(n-1)), raised to the target's Retry-After; retries end at max_attempts or at the "
+        "occurrence deadline. Null: the platform's default (2 s).",
+    )
+    retry_cap_seconds = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=RETRY_RANGES["retry_cap_seconds"][0],
+        max_value=RETRY_RANGES["retry_cap_seconds"][1],
+        help_text="The longest wait between attempts; not below retry_base_seconds. Null: the platform's default "
+        "(300 s).",
+    )
     labels = LabelsField(
         required=False,
         help_text="The schedule's own tags, chosen by `?selector=` on the list, by bulk changes, export/apply and "

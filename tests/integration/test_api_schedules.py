@@ -40,6 +40,8 @@ SCHEDULE_KEYS = {
     "catchup_limit",
     "overlap_policy",
     "max_attempts",
+    "retry_base_seconds",
+    "retry_cap_seconds",
     "labels",
     "state",
     "version",
@@ -737,3 +739,19 @@ def test_replay_of_a_dead_occurrence_re_enqueues_it_under_the_same_id(api_a, cro
     assert occurrence.finished_at is None
     assert outbox_rows_of(occurrence_id).count() == outbox_before + 1
     assert Occurrence.objects.filter(schedule_id=created["id"]).count() == 1
+
+
+def test_a_retry_policy_is_kept_and_a_cap_below_its_base_is_a_400(api_a, cron_body):
+    made = api_a.post(SCHEDULES, {**cron_body, "retry_base_seconds": 5, "retry_cap_seconds": 600}, format="json")
+    assert made.status_code == 201 and (made.json()["retry_base_seconds"], made.json()["retry_cap_seconds"]) == (5, 600)
+    assert api_a.post(SCHEDULES, cron_body, format="json").json()["retry_base_seconds"] is None  # the platform's
+
+    for body, field in (
+        ({"retry_base_seconds": 60, "retry_cap_seconds": 30}, "retry_cap_seconds"),
+        ({"retry_base_seconds": 0}, "retry_base_seconds"),
+        ({"retry_cap_seconds": 86401}, "retry_cap_seconds"),
+    ):
+        response = api_a.post(SCHEDULES, {**cron_body, **body}, format="json")
+        assert response.status_code == 400 and field in response.json(), (body, response.content)
+    lowered = api_a.patch(f"{SCHEDULES}{made.json()['id']}/", {"retry_cap_seconds": 4}, format="json")
+    assert lowered.status_code == 400 and "retry_cap_seconds" in lowered.json()

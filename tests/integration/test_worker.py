@@ -265,7 +265,7 @@ def test_a_fenced_attempt_does_not_run_its_handler(tenant, make_schedule, add_oc
     assert effects() == {}
 
 
-def test_transient_failures_back_off_with_full_jitter_up_to_max_attempts_then_dead(
+def test_transient_failures_back_off_with_equal_jitter_up_to_max_attempts_then_dead(
     tenant, settings, make_schedule, add_occurrence
 ):
     settings.SCHEDULER_RETRY_BASE_SECONDS = 10
@@ -279,7 +279,8 @@ def test_transient_failures_back_off_with_full_jitter_up_to_max_attempts_then_de
         assert run_and_complete(claimed, now=now) == OccurrenceState.RETRY_WAIT
         occurrence.refresh_from_db()
         assert occurrence.lease_expires_at is None and occurrence.finished_at is None
-        assert now <= occurrence.available_at <= now + timedelta(seconds=ceiling)
+        wait = occurrence.available_at - now
+        assert timedelta(seconds=ceiling / 2) <= wait <= timedelta(seconds=ceiling)
         assert envelopes_for(occurrence) == attempt  # each retry travels in a new envelope
         now = occurrence.available_at
 
@@ -293,6 +294,21 @@ def test_transient_failures_back_off_with_full_jitter_up_to_max_attempts_then_de
         "TransientError: attempt 3 fails on purpose"
     )
     assert envelopes_for(occurrence) == 2
+
+
+def test_a_schedules_retry_policy_is_the_one_its_retries_wait_by(tenant, settings, make_schedule, add_occurrence):
+    settings.SCHEDULER_RETRY_BASE_SECONDS = 1
+    settings.SCHEDULER_RETRY_CAP_SECONDS = 300
+    schedule = make_schedule(tenant, handler="fail_transient", max_attempts=3, retry_base_seconds=60)
+    occurrence = add_occurrence(schedule)
+    now = db_now()
+
+    assert run_and_complete(claim_of(occurrence, now=now), now=now) == OccurrenceState.RETRY_WAIT
+
+    occurrence.refresh_from_db()
+    # Its own base (60 s: the first wait is 30-60 s, not the platform's 0.5-1 s), under the platform's cap of 300 s
+    # as its own cap is null.
+    assert timedelta(seconds=30) <= occurrence.available_at - now <= timedelta(seconds=60)
 
 
 def test_the_backoff_ceiling_doubles_per_attempt_up_to_the_cap():

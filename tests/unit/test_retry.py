@@ -14,6 +14,13 @@ from dispatch.errors import CanceledError, PermanentError, TransientError
 OCCURRENCE = uuid.UUID("5b0e3c1d-7f2a-4e6b-8c9d-0a1b2c3d4e5f")
 
 
+class Least:
+    """An rng that always draws the low end."""
+
+    def uniform(self, low: float, high: float) -> float:
+        return low
+
+
 class Recorder:
     """An rng that records the range it is asked for and answers its top."""
 
@@ -37,30 +44,49 @@ def classified(exc: Exception, cancel_reason: str | None = None) -> RunResult:
 
 
 @pytest.mark.parametrize(("base", "cap"), [(1.0, 300.0), (0.25, 10.0), (5.0, 5.0), (2.0, 1000.0)])
-def test_full_jitter_stays_between_zero_and_the_doubling_ceiling_capped(base, cap):
+def test_equal_jitter_stays_between_half_and_all_of_the_doubling_ceiling_capped(base, cap):
     rng = random.Random(42)
     for attempt in range(1, 16):
         ceiling = min(cap, base * 2 ** (attempt - 1))
         for _ in range(200):
-            assert 0 <= retry_backoff(attempt, base=base, cap=cap, rng=rng) <= ceiling
+            assert ceiling / 2 <= retry_backoff(attempt, base=base, cap=cap, rng=rng) <= ceiling
 
 
-def test_the_jitter_is_drawn_uniformly_from_zero_to_the_ceiling():
+def test_the_jitter_is_drawn_uniformly_over_the_upper_half_of_the_ceiling():
     rng = Recorder()
 
     for attempt in (1, 2, 3, 4, 7, 8, 30):
         retry_backoff(attempt, base=0.5, cap=40, rng=rng)
 
-    assert rng.asked == [(0, 0.5), (0, 1.0), (0, 2.0), (0, 4.0), (0, 32.0), (0, 40), (0, 40)]
+    assert rng.asked == [(0, 0.25), (0, 0.5), (0, 1.0), (0, 2.0), (0, 16.0), (0, 20), (0, 20)]
 
 
-def test_the_jitter_spreads_retries_over_the_whole_range():
+def test_the_jitter_spreads_retries_over_the_upper_half():
     rng = random.Random(7)
 
     waits = [retry_backoff(6, base=1, cap=300, rng=rng) for _ in range(2000)]
 
-    assert min(waits) < 0.05 * 32 and max(waits) > 0.95 * 32, "a burst of failures does not retry in step"
-    assert len(set(waits)) == len(waits)
+    assert min(waits) < 0.55 * 32 and max(waits) > 0.95 * 32, "a burst of failures does not retry in step"
+    assert min(waits) >= 16 and len(set(waits)) == len(waits)
+
+
+def test_the_default_policy_bridges_a_target_down_for_several_seconds(settings):
+    """A target restarting for a few seconds must not send the fire to the DLQ: under the defaults (base 2 s, five
+    attempts) the fifth attempt comes at least 15 s after the first, whatever the jitter draws (full jitter let all
+    four retries land within the first two seconds: "retries 0.4-0.7 s apart")."""
+    assert settings.SCHEDULER_RETRY_BASE_SECONDS == 2.0
+    least = Least()
+    waits = [retry_backoff(n, base=2.0, cap=300.0, rng=least) for n in (1, 2, 3, 4)]
+    assert sum(waits) >= 15
+
+
+def test_a_schedules_own_policy_replaces_the_platform_settings(settings):
+    settings.SCHEDULER_RETRY_BASE_SECONDS = 2
+    settings.SCHEDULER_RETRY_CAP_SECONDS = 300
+    failed = RunResult("failed", "transient", retry_after=None)
+
+    assert all(5 <= backoff_for(failed, attempt=1, base=10, cap=3600) <= 10 for _ in range(50))
+    assert all(60 <= backoff_for(failed, attempt=2, base=60, cap=3600) <= 120 for _ in range(50))
 
 
 def test_an_attempt_below_one_waits_no_longer_than_the_first():
@@ -73,7 +99,7 @@ def test_a_zero_cap_means_retry_at_once():
 
 
 def test_without_an_rng_the_module_random_stays_inside_the_bounds():
-    assert all(0 <= retry_backoff(4, base=1, cap=300) <= 8 for _ in range(500))
+    assert all(4 <= retry_backoff(4, base=1, cap=300) <= 8 for _ in range(500))
 
 
 def test_a_retry_after_raises_the_backoff_but_never_past_the_cap(settings):
