@@ -142,8 +142,14 @@ class Schedule(models.Model):
     # How long a transient failure waits before the next attempt (dispatch/engine/retry.py: equal jitter between
     # half and all of min(cap, base * 2**(attempt-1))); None: the platform's SCHEDULER_RETRY_*_SECONDS. Plain integer
     # columns: a CHECK would make adding them scan the whole table under its lock; the ranges are the services'.
-    retry_base_seconds = models.IntegerField(null=True, blank=True)
-    retry_cap_seconds = models.IntegerField(null=True, blank=True)
+    retry_base_seconds = models.IntegerField(
+        null=True,
+        blank=True,
+        help_text="Seconds; the first retry waits between half and all of it. Empty: the platform's default.",
+    )
+    retry_cap_seconds = models.IntegerField(
+        null=True, blank=True, help_text="The longest wait between attempts, in seconds. Empty: the platform's default."
+    )
     # The tenant's own key/value tags (core/labels.py), chosen by selectors in lists, bulk changes, export/apply and
     # notifications. A database default, so raw inserts (the benchmarks' COPY) need not name it.
     labels = models.JSONField(default=dict, blank=True, db_default={})
@@ -173,6 +179,8 @@ class Schedule(models.Model):
             models.Index(fields=["tenant", "-created_at"], name="schedule_tenant_created"),
             # The operator console's unfiltered list (newest first) over every tenant.
             models.Index(fields=["-created_at", "id"], name="schedule_created_desc"),
+            # The console's list, tenant first then by name, so a busy tenant's schedules do not bury the others'.
+            models.Index(fields=["tenant", "name", "id"], name="schedule_tenant_name"),
             # The pauses due to end: a few rows among millions, found by the maintenance pass.
             models.Index(fields=["resume_at"], name="schedule_resume_due", condition=Q(resume_at__isnull=False)),
             # Selectors' `key=value` pairs: jsonb containment (labels @> {...}), beside the tenant's own index.

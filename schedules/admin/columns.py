@@ -12,6 +12,7 @@ from django.utils.safestring import SafeString
 from core.choices import ScheduleState
 from core.clock import db_now
 from schedules.admin.formatting import describe_schedule, format_local, format_utc
+from schedules.admin.labels import LIST_CHIPS, label_chips
 from schedules.admin.listing import RunStatus, duration_text, run_statuses
 from schedules.models import Schedule
 
@@ -31,6 +32,21 @@ class ScheduleColumnsMixin:
             status = run_statuses([schedule], db_now())[schedule.pk]
             schedule.run_status = status  # type: ignore[attr-defined]
         return status
+
+    @admin.display(description="tenant", ordering="tenant_id")
+    def tenant_slug(self, schedule: Schedule) -> str:
+        # Sorted as the list is by default (tenant id, then name), an order an index on the tenant can serve.
+        return schedule.tenant.slug
+
+    @admin.display(description="labels")
+    def label_list(self, schedule: Schedule) -> SafeString | str:
+        """The list's column: a few chips, the rest counted."""
+        return label_chips(schedule.labels, limit=LIST_CHIPS)
+
+    @admin.display(description="labels")
+    def label_set(self, schedule: Schedule) -> SafeString | str:
+        """A read-only schedule page's: every label."""
+        return label_chips(schedule.labels)
 
     @admin.display(description="schedule")
     def schedule_text(self, schedule: Schedule) -> str:

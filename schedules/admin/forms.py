@@ -13,6 +13,7 @@ from django.forms.fields import InvalidJSONInput
 from core.choices import DstGap, DstRepeat, ScheduleState
 from dispatch.services import registered_names
 from scheduler_project.console import InstantField
+from schedules.admin.labels import LabelsField
 from schedules.calendars import check_exclude_calendars
 from schedules.definitions import TIME_FIELDS, clean_definition
 from schedules.errors import ScheduleInvalid
@@ -50,17 +51,17 @@ class PayloadField(forms.JSONField):
             return InvalidJSONInput(data)
 
 
-class ScheduleChangeForm(forms.ModelForm):
+class ScheduleDefinitionForm(forms.ModelForm):
     """The definition, validated by the same rules as the API (definitions.clean_definition).
 
-    It never saves the model itself: ScheduleAdmin.save_model hands `definition_changes()` to update_schedule,
-    which writes a new version. `seen_version` rejects a save over a version the operator never saw.
+    It never saves the model itself: a change goes to update_schedule (ScheduleChangeForm, through
+    ScheduleAdmin.save_model), a new schedule to create_schedule (ScheduleAddForm).
     """
 
-    seen_version = forms.IntegerField(widget=forms.HiddenInput)
     payload = PayloadField(required=False, help_text="A JSON object handed to the handler as its payload.")
     handler = forms.ChoiceField()
     timezone = forms.ChoiceField(help_text="IANA zone: cron fields are wall-clock time in this zone.")
+    labels = LabelsField()
 
     class Meta:
         model = Schedule
@@ -100,7 +101,6 @@ class ScheduleChangeForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         self.stored = {field: getattr(self.instance, field) for field in DEFINITION_FIELDS}
         self.definition: dict[str, Any] = {}
-        self.fields["seen_version"].initial = self.instance.version
         cast(forms.ChoiceField, self.fields["handler"]).choices = _choices(registered_names(), self.instance.handler)
         cast(forms.ChoiceField, self.fields["timezone"]).choices = _choices(_zone_names(), self.instance.timezone)
         for name, policies in (("dst_gap", DstGap), ("dst_repeat", DstRepeat)):
@@ -108,6 +108,47 @@ class ScheduleChangeForm(forms.ModelForm):
                 # The empty choice is what a schedule without a policy has: name the behaviour, not "---------".
                 default = f"Default ({policies.values[0]})"
                 cast(forms.ChoiceField, self.fields[name]).choices = [("", default), *policies.choices]
+
+    def check_definition(self, cleaned: dict[str, Any], tenant_id: int | None) -> None:
+        """clean_definition over the typed fields, then the tenant's calendars; each refusal on its field."""
+        # The fields of the other kinds are dropped rather than reported: without JavaScript the form shows them all.
+        kind = cleaned.get("kind")
+        if kind in TIME_FIELDS:
+            for owner, fields in TIME_FIELDS.items():
+                for field in fields if owner != kind else ():
+                    cleaned[field] = None
+        try:
+            self.definition = clean_definition({field: cleaned.get(field) for field in DEFINITION_FIELDS})
+            if tenant_id is not None:
+                check_exclude_calendars(tenant_id, self.definition["exclude_calendars"], lock=False)
+        except ScheduleInvalid as exc:
+            self.add_refusal(exc)
+
+    def add_refusal(self, exc: ScheduleInvalid) -> None:
+        for field, field_errors in exc.errors.items():
+            self.add_error(field if field in self.fields else None, field_errors)
+
+    def _post_clean(self) -> None:
+        """Neither copy the input onto the instance nor run the model's own validation.
+
+        The rules are clean_definition's (above), so the model's field validators and check constraints would only
+        repeat them in other words ("Constraint schedule_kind_has_time is violated."): a second round of errors.
+        And the instance stays the stored row, so the page's summary, next fire and cursor describe what is stored
+        after a rejected edit, not the rejected input. The services write the schedule, never this form.
+        """
+
+
+class ScheduleChangeForm(ScheduleDefinitionForm):
+    """A stored schedule's definition; `seen_version` rejects a save over a version the operator never saw.
+
+    ScheduleAdmin.save_model hands `definition_changes()` to update_schedule, which writes a new version.
+    """
+
+    seen_version = forms.IntegerField(widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["seen_version"].initial = self.instance.version
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
@@ -120,30 +161,9 @@ class ScheduleChangeForm(forms.ModelForm):
             )
         if self.instance.state == ScheduleState.CANCELED:
             raise forms.ValidationError("A canceled schedule cannot be changed.")
-        if self.errors:
-            return cleaned
-        # The fields of the other kinds are dropped rather than reported: without JavaScript the form shows them all.
-        kind = cleaned.get("kind")
-        if kind in TIME_FIELDS:
-            for owner, fields in TIME_FIELDS.items():
-                for field in fields if owner != kind else ():
-                    cleaned[field] = None
-        try:
-            self.definition = clean_definition({field: cleaned.get(field) for field in DEFINITION_FIELDS})
-            check_exclude_calendars(self.instance.tenant_id, self.definition["exclude_calendars"], lock=False)
-        except ScheduleInvalid as exc:
-            for field, field_errors in exc.errors.items():
-                self.add_error(field if field in self.fields else None, field_errors)
+        if not self.errors:
+            self.check_definition(cleaned, self.instance.tenant_id)
         return cleaned
-
-    def _post_clean(self) -> None:
-        """Neither copy the input onto the instance nor run the model's own validation.
-
-        The rules are clean_definition's (above), so the model's field validators and check constraints would only
-        repeat them in other words ("Constraint schedule_kind_has_time is violated."): a second round of errors.
-        And the instance stays the stored row, so the page's summary, next fire and cursor describe what is stored
-        after a rejected edit, not the rejected input. update_schedule writes the change, never this form.
-        """
 
     def definition_changes(self) -> dict[str, Any]:
         return {field: value for field, value in self.definition.items() if value != self.stored[field]}

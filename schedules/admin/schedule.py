@@ -24,8 +24,10 @@ from scheduler_project.console import (
     parse_uuid,
 )
 from schedules.admin.columns import ScheduleColumnsMixin
+from schedules.admin.creation import ADD_FIELDSETS, ScheduleAddForm, ScheduleCreationMixin
 from schedules.admin.details import schedule_details, version_rows
 from schedules.admin.forms import NOTE_MAX_LENGTH, NoteActionForm, ScheduleChangeForm
+from schedules.admin.labels import SelectorFilter
 from schedules.admin.operations import (
     OPERATIONS,
     Outcome,
@@ -73,21 +75,23 @@ class HandlerFilter(admin.SimpleListFilter):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(ScheduleOperationsMixin, ScheduleColumnsMixin, SafeActionSelectionMixin, admin.ModelAdmin):
-    """Schedules of every tenant, for operators.
+class ScheduleAdmin(
+    ScheduleCreationMixin, ScheduleOperationsMixin, ScheduleColumnsMixin, SafeActionSelectionMixin, admin.ModelAdmin
+):
+    """Schedules of the operator's tenants.
 
-    Adding is disabled: a schedule is tenant data, created by the tenant through the API, where the quota is
-    checked under a tenant lock, an Idempotency-Key makes retries safe and the tenant's own actor is recorded.
-    An operator creating work on a tenant's behalf would bypass that contract. Hard delete is disabled too:
-    cancel (an action here) is the soft delete that keeps the version history the reconciler relies on.
-    Every change goes through schedules.services, so each one is a new, attributed version.
+    Every write goes through schedules.services, so each one is a new, attributed version: a create (for a tenant
+    the operator acts on, schedules/admin/creation.py) goes through create_schedule, with the tenant's quota and
+    calendars checked as for the API; an edit through update_schedule. Hard delete is disabled: cancel (an action
+    here) is the soft delete that keeps the version history the reconciler relies on.
     """
 
     form = ScheduleChangeForm
     action_form = NoteActionForm
     list_display = (
-        "tenant",
+        "tenant_slug",
         "name",
+        "label_list",
         "schedule_text",
         "state_text",
         "last_run",
@@ -97,10 +101,16 @@ class ScheduleAdmin(ScheduleOperationsMixin, ScheduleColumnsMixin, SafeActionSel
         "lane",
     )
     list_display_links = ("name",)
-    list_filter = ("state", TenantFilter, "kind", "lane", HandlerFilter, "misfire_policy")
+    list_filter = ("state", TenantFilter, SelectorFilter, "kind", "lane", HandlerFilter, "misfire_policy")
     list_select_related = ("tenant", "cursor")
-    search_fields = ("name", "=handler", "=tenant__slug")
-    search_help_text = "Name (contains), handler or tenant slug (exact), or a schedule id (UUID)."
+    # Tenant first, so one busy tenant's schedules do not bury the others'; by tenant id rather than slug, an order
+    # an index (tenant, name, id) can serve without sorting the table (a slug needs the join, then a sort).
+    ordering = ("tenant_id", "name", "pk")
+    search_fields = ("name", "=handler", "=tenant__slug", "^timezone")
+    search_help_text = (
+        "Name (contains), handler or tenant slug (exact), time zone (starts with: Europe/ or America/New_York), "
+        "or a schedule id (UUID). Labels: the label selector beside the list."
+    )
     paginator = EstimatedCountPaginator
     show_full_result_count = False
     # Facet counts would COUNT(*) every filter choice over 20 M rows on each page view.
@@ -120,6 +130,7 @@ class ScheduleAdmin(ScheduleOperationsMixin, ScheduleColumnsMixin, SafeActionSel
         "created",
         "updated",
         "idempotency_key",
+        "label_set",
     )
     change_form_template = "admin/schedules/schedule/change_form.html"
     object_history_template = "admin/schedules/schedule/object_history.html"
@@ -128,9 +139,6 @@ class ScheduleAdmin(ScheduleOperationsMixin, ScheduleColumnsMixin, SafeActionSel
         js = ("schedules/js/preview.js",)
 
     # -- permissions --
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Schedule | None = None) -> bool:
         return False
@@ -160,12 +168,16 @@ class ScheduleAdmin(ScheduleOperationsMixin, ScheduleColumnsMixin, SafeActionSel
     # -- change form --
 
     def get_fieldsets(self, request: HttpRequest, obj: Schedule | None = None):
+        if obj is None:
+            return ADD_FIELDSETS
+        editable = self.has_change_permission(request, obj)
         definition = [
-            *("name", "kind", "cron", "run_at", "every_seconds", "anchor_at", "timezone", "dst_gap", "dst_repeat"),
-            *("start_at", "end_at", "max_runs", "exclude_calendars", "handler", "payload"),
+            *("name", "labels" if editable else "label_set", "kind", "cron", "run_at", "every_seconds", "anchor_at"),
+            *("timezone", "dst_gap", "dst_repeat", "start_at", "end_at", "max_runs", "exclude_calendars", "handler"),
+            "payload",
         ]
         note = "Read-only: a canceled schedule is final."
-        if self.has_change_permission(request, obj):
+        if editable:
             definition.insert(0, "seen_version")
             note = (
                 "Saving writes a new version through the schedule service: future fires follow it and "
@@ -207,6 +219,8 @@ class ScheduleAdmin(ScheduleOperationsMixin, ScheduleColumnsMixin, SafeActionSel
                         "catchup_limit",
                         "overlap_policy",
                         "max_attempts",
+                        "retry_base_seconds",
+                        "retry_cap_seconds",
                     )
                 },
             ),
@@ -216,10 +230,16 @@ class ScheduleAdmin(ScheduleOperationsMixin, ScheduleColumnsMixin, SafeActionSel
             ),
         )
 
-    def save_model(self, request: HttpRequest, obj: Schedule, form: ScheduleChangeForm, change: bool) -> None:
-        """Never a raw save: the form's changes become a new version through update_schedule."""
+    def save_model(
+        self, request: HttpRequest, obj: Schedule, form: ScheduleChangeForm | ScheduleAddForm, change: bool
+    ) -> None:
+        """Never a raw save: a new schedule was created by create_schedule as its form validated, and a change
+        becomes a new version through update_schedule."""
+        if isinstance(form, ScheduleAddForm):
+            self.saved_by_form(request, form)
+            return
         if not change:
-            raise PermissionDenied("Schedules are created by tenants through the API.")
+            raise PermissionDenied("A schedule is created by its add form, through the schedule service.")
         changes = form.definition_changes()
         if not changes:
             request._schedule_message = (  # type: ignore[attr-defined]  # read by response_change
@@ -270,6 +290,9 @@ class ScheduleAdmin(ScheduleOperationsMixin, ScheduleColumnsMixin, SafeActionSel
                 # The tenant's calendars decide the fires of a schedule that names some.
                 preview_url=f"{reverse('admin:schedules_schedule_preview')}?tenant={stored.tenant_id}",
             )
+        elif add:
+            # The tenant is the one chosen in the form: preview.js adds it to the URL as it changes.
+            context["preview_url"] = reverse("admin:schedules_schedule_preview")
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def _operation_links(self, request: HttpRequest, schedule: Schedule) -> list[dict[str, str]]:

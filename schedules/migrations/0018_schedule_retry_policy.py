@@ -19,11 +19,15 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="schedule",
             name="retry_base_seconds",
-            field=models.IntegerField(blank=True, null=True),
+            field=models.IntegerField(
+                blank=True, null=True, help_text="Seconds; the first retry waits between half and all of it. Empty: the platform's default."
+            ),
         ),
         migrations.AddField(
             model_name="schedule",
             name="retry_cap_seconds",
-            field=models.IntegerField(blank=True, null=True),
+            field=models.IntegerField(
+                blank=True, null=True, help_text="The longest wait between attempts, in seconds. Empty: the platform's default."
+            ),
         ),
     ]

@@ -1,7 +1,7 @@
-/* Live preview on a schedule's change page: the next fires of the rule as typed, with DST notes.
+/* Live preview on a schedule's change and add pages: the next fires of the rule as typed, with DST notes.
  *
  * Posts the form's time fields as JSON to the console's preview URL (the API's preview rules, see
- * schedules/admin/preview.py) a moment after each keystroke. Served from this app's static folder: the console
+ * schedules/admin/preview.py) a moment after each keystroke; on the add page, with the tenant chosen. Served from this app's static folder: the console
  * loads nothing from another host, so it works offline. Server text is inserted with textContent only.
  * The interval fields (every_seconds, anchor_at) are shown only while the kind is "interval", the DST policy
  * (dst_gap, dst_repeat) only while it is "cron".
@@ -125,6 +125,16 @@
     target.replaceChildren(...nodes);
   }
 
+  // The add page's tenant select decides whose calendars the preview reads; a stored schedule's URL names its own.
+  function previewUrl(panel, form) {
+    const tenant = field(form, "tenant");
+    if (tenant === null) return panel.dataset.previewUrl;
+    const url = new URL(panel.dataset.previewUrl, window.location.href);
+    if (tenant) url.searchParams.set("tenant", tenant);
+    else url.searchParams.delete("tenant");
+    return url.pathname + url.search;
+  }
+
   function start(panel) {
     const form = document.getElementById("schedule_form");
     const target = panel.querySelector(".live-preview-body");
@@ -139,7 +149,7 @@
       if (inFlight) inFlight.abort();
       inFlight = new AbortController();
       try {
-        const response = await fetch(panel.dataset.previewUrl, {
+        const response = await fetch(previewUrl(panel, form), {
           method: "POST",
           credentials: "same-origin",
           headers: { "Content-Type": "application/json", "X-CSRFToken": token ? token.value : "" },
