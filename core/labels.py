@@ -24,7 +24,10 @@ CONTROL_CLASS = "\\u0000-\\u001f\\u007f-\\u009f"
 CONTROL = re.compile(f"[{CONTROL_CLASS}\\ud800-\\udfff]")
 VALUE_RULE = f"a value is text of at most {MAX_VALUE_LENGTH} characters, without control characters"
 MAX_SELECTOR_LENGTH = 2000
-SELECTOR_RULE = "'key=value' or 'key!=value' requirements joined by commas, e.g. team=payments,env!=dev"
+SELECTOR_RULE = (
+    "'key=value' or 'key!=value' requirements joined by commas, e.g. team=payments,env!=dev (a value holding a comma "
+    "cannot be selected)"
+)
 
 
 class SelectorInvalid(ValueError):
@@ -92,10 +95,12 @@ def parse_selector(text: Any) -> Selector:
     not_equal: list[tuple[str, str]] = []
     for part in text.split(","):
         requirement = part.strip()
-        negated = "!=" in requirement
-        key, sep, value = requirement.partition("!=" if negated else "=")
-        key, value = key.strip(), value.strip()
-        if not sep or not KEY_PATTERN.fullmatch(key) or "=" in value:
+        # The first '=' ends the key (a key holds no '=' or '!'); a '!' just before it negates. The value is the
+        # rest, '=' and '!' included: a label value may hold them.
+        key, sep, value = requirement.partition("=")
+        negated = key.endswith("!")
+        key, value = key.removesuffix("!").strip(), value.strip()
+        if not sep or not KEY_PATTERN.fullmatch(key):
             raise SelectorInvalid(
                 f"{requirement[:80]!r} is not a requirement: {SELECTOR_RULE}; a key is {KEY_RULE}; {VALUE_RULE}."
             )

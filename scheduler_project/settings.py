@@ -444,7 +444,7 @@ SCHEDULER_OVERLAP_RECHECK_SECONDS = env_float("SCHEDULER_OVERLAP_RECHECK_SECONDS
 SCHEDULER_RUNNING_RECHECK_SECONDS = env_float("SCHEDULER_RUNNING_RECHECK_SECONDS", 1.0, minimum=0.05)
 SCHEDULER_RUNNING_RECHECK_MAX_SECONDS = env_float("SCHEDULER_RUNNING_RECHECK_MAX_SECONDS", 30.0, minimum=0.05)
 # Transient failures back off exponentially with equal jitter: c/2 + uniform(0, c/2), c = min(cap, base * 2**(a-1)); a
-# schedule's retry_base_seconds / retry_cap_seconds replace these. At least 1, 2, 4, 8 s: a 15 s blip is bridged.
+# schedule's retry_base_seconds / retry_cap_seconds replace these. At least 1, 2, 4, 8 s: five attempts span 15 s.
 SCHEDULER_RETRY_BASE_SECONDS = env_float("SCHEDULER_RETRY_BASE_SECONDS", 2.0, minimum=0.0)
 SCHEDULER_RETRY_CAP_SECONDS = env_float("SCHEDULER_RETRY_CAP_SECONDS", 300.0, minimum=0.0)
 # A handler still running after this is asked to stop (cancel event); below RabbitMQ's consumer timeout.

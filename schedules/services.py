@@ -33,6 +33,8 @@ from tenants.services import schedules_held
 logger = logging.getLogger(__name__)
 
 MAX_PREVIEW_COUNT = 100
+# `_state_with_cursor` called without a cursor of its own: the schedule's.
+_UNSET: Any = object()
 
 
 @dataclass(frozen=True)
@@ -335,14 +337,19 @@ def _runs_left_after_limit_change(remaining: int | None, old_limit: int | None, 
     return remaining + new_limit - old_limit
 
 
-def _state_with_cursor(schedule: Schedule, now: datetime) -> str:
+def _state_with_cursor(schedule: Schedule, now: datetime, next_run_at: Any = _UNSET) -> str:
     """Active while a fire is pending, or until its end_at while none is left in its window (the maintenance pass
     completes it then, once its last occurrence has ended); otherwise completed."""
-    if schedule.next_run_at is not None:
+    if (schedule.next_run_at if next_run_at is _UNSET else next_run_at) is not None:
         return ScheduleState.ACTIVE
     if schedule.kind != Kind.ONCE and schedule.end_at is not None and schedule.end_at > now:
         return ScheduleState.ACTIVE
     return ScheduleState.COMPLETED
+
+
+def resumed_state(schedule: Schedule, now: datetime) -> str:
+    """The state a resume at `now` would leave, without resuming: what a bulk dry run predicts."""
+    return _state_with_cursor(schedule, now, _next_fire_after_change(schedule.rhythm, now))
 
 
 def _next_fire_after_change(rule: TimeRule, now: datetime) -> datetime | None:

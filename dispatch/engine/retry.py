@@ -60,8 +60,9 @@ def retry_backoff(attempt: int, *, base: float, cap: float, rng: random.Random |
 def backoff_for(result: RunResult, attempt: int, *, base: float | None = None, cap: float | None = None) -> float:
     """Seconds before the next attempt: the schedule's policy (`base`, `cap`; None: the platform's settings) with
     equal jitter, raised to a Retry-After the target asked for, capped."""
-    cap = settings.SCHEDULER_RETRY_CAP_SECONDS if cap is None else cap
     base = settings.SCHEDULER_RETRY_BASE_SECONDS if base is None else base
+    # A schedule's base above the platform's cap, under no cap of its own, is not cut down to that cap.
+    cap = max(settings.SCHEDULER_RETRY_CAP_SECONDS, base) if cap is None else cap
     backoff = retry_backoff(attempt, base=base, cap=cap)
     if result.retry_after:
         backoff = max(backoff, min(result.retry_after, cap))

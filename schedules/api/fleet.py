@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -14,8 +14,8 @@ from rest_framework.response import Response
 from core.choices import ScheduleState
 from core.labels import MAX_SELECTOR_LENGTH, SELECTOR_RULE, Selector, SelectorInvalid, parse_selector
 from dispatch.services import BackfillRefused, backfill_schedule
-from schedules import fleet
-from schedules.api.requests import actor_of
+from schedules import documents, fleet
+from schedules.api.requests import actor_of, idempotency_key_of
 from schedules.api.schema import errors, selector_pattern
 from schedules.api.serializers import (
     AwareDateTimeField,
@@ -63,10 +63,27 @@ class SelectorField(serializers.CharField):
         super().__init__(**kwargs)
 
 
+class UUIDTextField(serializers.UUIDField):
+    """A UUID as JSON text only: DRF's own field also takes the integer 1 as ...0001."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            self.fail("invalid", value="")
+        return super().to_internal_value(data)
+
+
+def refuse_unknown_parameters(request: Request, known: set[str]) -> None:
+    """A 400 naming each query parameter the call does not take (as the lists do: schedules.api.filters)."""
+    unknown = sorted(set(request.query_params) - known - {"format"})
+    if unknown:
+        takes = f"it takes {', '.join(sorted(known))}" if known else "it takes none"
+        raise serializers.ValidationError({key[:100]: [f"Unknown query parameter; {takes}."] for key in unknown})
+
+
 class BulkInputSerializer(StrictSerializer):
     action = serializers.ChoiceField(choices=[(verb, verb) for verb in fleet.BULK_VERBS])
     selector = SelectorField(required=False, allow_blank=False)
-    ids = FlatListField(child=serializers.UUIDField(), required=False, min_length=1, max_length=fleet.MAX_FLEET)
+    ids = FlatListField(child=UUIDTextField(), required=False, min_length=1, max_length=fleet.MAX_FLEET)
     note = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")
     dry_run = serializers.BooleanField(required=False, default=False)
 
@@ -148,6 +165,11 @@ class ApplyResultSerializer(serializers.Serializer):
     updated = serializers.ListField(child=serializers.CharField())
     unchanged = serializers.ListField(child=serializers.CharField())
     canceled = serializers.ListField(child=serializers.CharField())
+    failed = serializers.ListField(
+        child=inline_serializer("ApplyFailure", {"name": serializers.CharField(), "error": serializers.CharField()}),
+        help_text="Changes refused while applying (a concurrent change the checks could not see); nothing is pruned "
+        "then. Empty when the document applied whole.",
+    )
 
 
 class VersionSerializer(serializers.Serializer):
@@ -197,19 +219,16 @@ class FleetActions:
             note=data["note"],
             dry_run=data["dry_run"],
             actor=actor_of(request),
+            trigger_key=idempotency_key_of(request),
         )
         return Response(BulkResultSerializer(result).data)
 
     @extend_schema(parameters=[EXPORT_SELECTOR], responses={200: ExportSerializer, **errors()}, filters=False)
     @action(detail=False, methods=["get"])
     def export(self, request: Request) -> Response:
-        unknown = sorted(set(request.query_params) - {"selector"})
-        if unknown:
-            raise serializers.ValidationError(
-                {key[:100]: ["Unknown query parameter; export takes selector."] for key in unknown}
-            )
+        refuse_unknown_parameters(request, {"selector"})
         selector = selector_of(request.query_params.get("selector"))
-        schedules = fleet.export_schedules(request.tenant, selector)
+        schedules = documents.export_schedules(request.tenant, selector)
         return Response({"schedules": schedules})
 
     @extend_schema(request=ApplyInputSerializer, responses={200: ApplyResultSerializer, **errors(413)})
@@ -218,7 +237,7 @@ class FleetActions:
         body = ApplyInputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        result = fleet.apply_schedules(
+        result = documents.apply_schedules(
             request.tenant,
             data["schedules"],
             selector=selector_of(data["selector"]),
@@ -231,6 +250,7 @@ class FleetActions:
     @extend_schema(responses={200: VersionSerializer(many=True), **errors(404)}, filters=False)
     @action(detail=True, methods=["get"], pagination_class=None)
     def versions(self, request: Request, pk: str | None = None) -> Response:
+        refuse_unknown_parameters(request, set())
         schedule = self.get_object()  # type: ignore[attr-defined]
         versions = schedule.versions.order_by("-version")
         return Response(VersionSerializer(versions, many=True).data)

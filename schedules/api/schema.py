@@ -50,7 +50,7 @@ def query_text(max_length: int) -> dict[str, Any]:
 def selector_pattern() -> str:
     """A label selector as core.labels.parse_selector reads it: comma-joined `key=value` / `key!=value`, each part
     stripped of white space, a value without '=', ',' or control characters; or nothing at all."""
-    value = f"[^=,{CONTROL_CLASS}]*"
+    value = f"[^,{CONTROL_CLASS}]*"
     requirement = f"[{_INNER_SPACE}]*{KEY_REGEX}[{_INNER_SPACE}]*!?={value}"
     return f"^[{_SPACE}]*(?:{requirement}(?:,{requirement})*)?[{_SPACE}]*$"
 

@@ -76,7 +76,7 @@ def test_the_list_selects_by_label_with_equality_and_inequality(api_a, api_b):
 
 
 def test_a_malformed_selector_is_a_400_naming_selector(api_a):
-    for selector in ("team", "team==x", "Team=x", "team=a,team=b", "team=x,"):
+    for selector in ("team", "team!x", "=x", "Team=x", "team=a,team=b", "team=x,"):
         response = api_a.get(SCHEDULES, {"selector": selector})
         assert response.status_code == 400 and "selector" in response.json(), (selector, response.content)
 
@@ -163,7 +163,13 @@ def test_applying_an_export_changes_nothing(api_a, tenant):
 
     result = api_a.post(APPLY, {"schedules": exported}, format="json").json()
 
-    assert result == {"created": [], "updated": [], "unchanged": sorted(result["unchanged"]), "canceled": []}
+    assert result == {
+        "created": [],
+        "updated": [],
+        "unchanged": sorted(result["unchanged"]),
+        "canceled": [],
+        "failed": [],
+    }
     assert len(result["unchanged"]) == 6 and ScheduleVersion.objects.count() == versions
 
 
@@ -181,7 +187,13 @@ def test_apply_creates_updates_and_prunes_by_name_within_the_selector(api_a, ten
     assert not Schedule.objects.filter(tenant=tenant, name="pay-new").exists()
     result = api_a.post(APPLY, body, format="json").json()
 
-    expected = {"created": ["pay-new"], "updated": ["pay-prod"], "unchanged": ["pay-bare"], "canceled": ["pay-dev"]}
+    expected = {
+        "created": ["pay-new"],
+        "updated": ["pay-prod"],
+        "unchanged": ["pay-bare"],
+        "canceled": ["pay-dev"],
+        "failed": [],
+    }
     assert dry == expected and result == expected
     state = dict(Schedule.objects.filter(tenant=tenant).values_list("name", "state"))
     assert state == {
@@ -202,6 +214,8 @@ def test_apply_refuses_a_name_the_tenant_holds_twice_and_a_bad_document_before_a
     fresh = {"name": "fresh", "kind": "cron", "cron": "0 * * * *", "handler": "noop"}
     refused = api_a.post(APPLY, {"schedules": [twin, fresh]}, format="json")
     assert refused.status_code == 400 and "twin" in refused.json()["schedules"][0]
+    nowhere = api_a.post(APPLY, {"schedules": [{**fresh, "exclude_calendars": ["nope"]}]}, format="json")
+    assert nowhere.status_code == 400 and "item 0 ('fresh'): exclude_calendars" in nowhere.json()["schedules"][0]
     bad = api_a.post(APPLY, {"schedules": [fresh, {**fresh, "name": "bad", "cron": "61 * * * *"}]}, format="json")
     assert bad.status_code == 400 and "item 1 ('bad'): cron" in bad.json()["schedules"][0]
     repeated = api_a.post(APPLY, {"schedules": [fresh, fresh]}, format="json")
@@ -250,3 +264,79 @@ def test_a_bulk_call_may_name_ten_thousand_ids(api_a):
 
     assert response.status_code == 200, response.content[:300]
     assert response.json()["matched"] == 1 and len(response.json()["results"]) == MAX_FLEET
+
+
+def test_prune_and_export_see_live_schedules_only(api_a, tenant):
+    for _ in range(2):  # two one-offs of one name that ran: history, not a fleet
+        done = create(api_a, "report", kind="once", cron=None, run_at=(db_now() + timedelta(days=1)).isoformat())
+        Schedule.objects.filter(pk=done["id"]).update(state="completed")
+    keep = create(api_a, "keep")
+    create(api_a, "drop")
+    document = [s for s in api_a.get(EXPORT).json()["schedules"] if s["name"] == "keep"]
+
+    result = api_a.post(APPLY, {"schedules": document, "prune": True}, format="json").json()
+
+    assert {s["name"] for s in api_a.get(EXPORT).json()["schedules"]} == {"keep"}
+    assert (result["canceled"], result["unchanged"]) == (["drop"], ["keep"])
+    assert Schedule.objects.filter(tenant=tenant, name="report", state="completed").count() == 2
+    assert Schedule.objects.get(pk=keep["id"]).state == "active"
+
+
+def test_a_selector_scoped_apply_never_reaches_outside_its_selector(api_a, tenant):
+    create(api_a, "nightly", {"team": "search"})
+    mine = {"name": "nightly", "kind": "cron", "cron": "0 4 * * *", "handler": "noop", "labels": {"team": "payments"}}
+    unlabelled = {"name": "other", "kind": "cron", "cron": "0 4 * * *", "handler": "noop"}
+
+    for document in (mine, unlabelled):
+        response = api_a.post(APPLY, {"schedules": [document], "selector": "team=payments"}, format="json")
+        assert response.status_code == 400, response.content
+    assert Schedule.objects.get(tenant=tenant, name="nightly").labels == {"team": "search"}
+    assert not Schedule.objects.filter(tenant=tenant, name="other").exists()
+
+
+def test_a_dry_run_apply_over_the_quota_answers_the_real_429(api_a, tenant):
+    tenant.max_schedules = 1
+    tenant.save(update_fields=["max_schedules"])
+    create(api_a, "one")
+    two = {"name": "two", "kind": "cron", "cron": "0 4 * * *", "handler": "noop"}
+    one = {"name": "one", "kind": "cron", "cron": "*/5 * * * *", "handler": "noop"}
+
+    dry = api_a.post(APPLY, {"schedules": [one, two], "dry_run": True}, format="json")
+    pruning = api_a.post(APPLY, {"schedules": [two], "prune": True, "dry_run": True}, format="json")
+
+    assert dry.status_code == 429
+    assert pruning.status_code == 200 and pruning.json()["canceled"] == ["one"]  # pruning frees the slot first
+    assert api_a.post(APPLY, {"schedules": [two], "prune": True}, format="json").json()["created"] == ["two"]
+
+
+def test_a_dry_run_resume_predicts_a_one_off_that_can_no_longer_fire_completes(api_a):
+    soon = create(api_a, "soon", kind="once", cron=None, run_at=(db_now() + timedelta(days=1)).isoformat())
+    api_a.post(f"{SCHEDULES}{soon['id']}/pause/", {}, format="json")
+    Schedule.objects.filter(pk=soon["id"]).update(run_at=db_now() - timedelta(hours=1))
+
+    dry = api_a.post(BULK, {"action": "resume", "ids": [soon["id"]], "dry_run": True}, format="json").json()
+    real = api_a.post(BULK, {"action": "resume", "ids": [soon["id"]]}, format="json").json()
+
+    assert dry["results"][0]["state"] == real["results"][0]["state"] == "completed"
+
+
+def test_a_bulk_trigger_retried_with_its_idempotency_key_fires_once(api_a):
+    made = create(api_a, "key")
+    body = {"action": "trigger", "ids": [made["id"]]}
+    first = api_a.post(BULK, body, format="json", HTTP_IDEMPOTENCY_KEY="deploy-42").json()
+    again = api_a.post(BULK, body, format="json", HTTP_IDEMPOTENCY_KEY="deploy-42").json()
+    assert first["results"][0]["occurrence_id"] == again["results"][0]["occurrence_id"]
+    assert Occurrence.objects.filter(schedule_id=made["id"], manual=True).count() == 1
+
+
+def test_ids_are_json_text_and_versions_take_no_query_parameters(api_a):
+    made = create(api_a, "strict")
+    assert api_a.post(BULK, {"action": "pause", "ids": [1]}, format="json").status_code == 400
+    response = api_a.get(f"{SCHEDULES}{made['id']}/versions/", {"bogus": "1"})
+    assert response.status_code == 400 and "bogus" in response.json()
+
+
+def test_a_label_value_may_hold_an_equals_sign_and_still_be_selected(api_a):
+    create(api_a, "expr", {"expr": "a=b"})
+    assert names(api_a.get(SCHEDULES, {"selector": "expr=a=b"})) == ["expr"]
+    assert names(api_a.get(SCHEDULES, {"selector": "expr!=a=b"})) == []

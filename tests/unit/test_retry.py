@@ -181,3 +181,9 @@ def test_the_error_message_is_cut_to_its_head():
 
     assert len(result.error) == ERROR_MAX_CHARS
     assert result.error.startswith("ValueError: xxx")
+
+
+def test_a_schedules_base_above_the_platform_cap_is_not_cut_down_to_it(settings):
+    settings.SCHEDULER_RETRY_CAP_SECONDS = 300
+    failed = RunResult("failed", "transient", retry_after=None)
+    assert all(1800 <= backoff_for(failed, attempt=1, base=3600, cap=None) <= 3600 for _ in range(50))
