@@ -1,23 +1,105 @@
 """The console dashboard's charts: inline SVG drawn on the server, with no script and nothing fetched from
-elsewhere, so the console works offline. Every text put in a chart goes through escape()."""
+elsewhere, so the console works offline. Every text put in a chart goes through escape().
+
+Each chart keeps its legend in a band above the plot, never over the data; a line is told apart by its dash
+pattern as well as its colour (a reader who cannot tell the colours apart still can), and a series without a
+point in the range says so in the legend instead of silently missing.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 560, 190, 44, 22, 8
+WIDTH, PLOT_HEIGHT, LEFT, BOTTOM, TOP = 560, 160, 44, 22, 8
+# One row of the legend band; its keys wrap to a new row where the chart ends.
+LEGEND_ROW = 14
+NO_DATA = "no data in this range"
 
 
-def _frame(max_value: float, unit: str, x_labels: list[tuple[float, str]], *, counts: bool = False) -> list[str]:
-    """Axes, three horizontal grid lines with their values (whole numbers for counts), and the x labels."""
-    plot_h = HEIGHT - BOTTOM - TOP
+@dataclass(frozen=True)
+class Series:
+    """One line: its name in the legend, its colour and SVG dash pattern ("" is solid), one value (or None) per
+    point of the x axis."""
+
+    name: str
+    color: str
+    values: list[float | None]
+    dash: str = ""
+
+    @property
+    def has_data(self) -> bool:
+        return any(value is not None for value in self.values)
+
+
+@dataclass(frozen=True)
+class LegendKey:
+    """A legend entry: a short line in the series' colour and dash (or a filled square, for bars), its name, and a
+    note such as NO_DATA."""
+
+    name: str
+    color: str
+    dash: str = ""
+    square: bool = False
+    note: str = ""
+
+    @property
+    def text(self) -> str:
+        return f"{self.name}: {self.note}" if self.note else self.name
+
+
+def _key_width(key: LegendKey) -> float:
+    """The key's mark and the gap before its text: a square for bars, a short stretch of line for lines."""
+    return 12 if key.square else 22
+
+
+def legend_rows(keys: list[LegendKey]) -> list[list[tuple[float, LegendKey]]]:
+    """The keys laid out left to right from the plot's left edge, wrapping at the chart's width: rows of (x, key)."""
+    rows: list[list[tuple[float, LegendKey]]] = [[]]
+    x = float(LEFT)
+    for key in keys:
+        width = _key_width(key) + 8 + 6.2 * len(key.text)
+        if x + width > WIDTH and rows[-1]:
+            rows.append([])
+            x = float(LEFT)
+        rows[-1].append((x, key))
+        x += width
+    return rows if rows[0] else []
+
+
+def _legend(keys: list[LegendKey]) -> tuple[list[str], float]:
+    """The legend band's SVG and its height: the plot starts below it."""
+    parts = []
+    rows = legend_rows(keys)
+    for number, row in enumerate(rows):
+        y = 2 + number * LEGEND_ROW
+        for x, key in row:
+            if key.square:
+                parts.append(f'<rect x="{x:.1f}" y="{y + 2}" width="8" height="8" fill="{key.color}"/>')
+            else:
+                dash = f' stroke-dasharray="{key.dash}"' if key.dash else ""
+                parts.append(
+                    f'<line x1="{x:.1f}" y1="{y + 6}" x2="{x + 18:.1f}" y2="{y + 6}" stroke="{key.color}"'
+                    f' stroke-width="2"{dash}/>'
+                )
+            quiet = " no-data" if key.note == NO_DATA else ""
+            text_x = x + _key_width(key)
+            parts.append(f'<text x="{text_x:.1f}" y="{y + 10}" class="legend{quiet}">{escape(key.text)}</text>')
+    return parts, len(rows) * LEGEND_ROW + (4 if rows else 0)
+
+
+def _frame(
+    max_value: float, unit: str, x_labels: list[tuple[float, str]], *, top: float, counts: bool = False
+) -> list[str]:
+    """Axes, three horizontal grid lines with their values (whole numbers for counts), and the x labels, for a plot
+    whose top edge is at `top`."""
     parts = []
     for fraction in (0.0, 0.5, 1.0):
-        y = TOP + plot_h * (1 - fraction)
+        y = top + PLOT_HEIGHT * (1 - fraction)
         value = max_value * fraction
         if counts or max_value >= 10:
             label = f"{value:,.0f}{unit}"
@@ -28,28 +110,16 @@ def _frame(max_value: float, unit: str, x_labels: list[tuple[float, str]], *, co
     for x, text in x_labels:
         # A label at the right edge would be cut in half: it ends there instead.
         anchor = "end" if x > WIDTH - 20 else "middle"
-        parts.append(f'<text x="{x:.1f}" y="{HEIGHT - 6}" text-anchor="{anchor}" class="tick">{escape(text)}</text>')
+        y = top + PLOT_HEIGHT + BOTTOM - 6
+        parts.append(f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" class="tick">{escape(text)}</text>')
     return parts
 
 
-def _legend(items: list[tuple[str, str]]) -> list[str]:
-    """Colour keys along the top of the plot, wrapping to a new row where the chart ends."""
-    parts, x, y = [], LEFT + 6.0, float(TOP + 2)
-    for name, color in items:
-        width = 18 + 6.5 * len(name)
-        if x + width > WIDTH and x > LEFT + 6:
-            x, y = LEFT + 6.0, y + 12
-        parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="8" height="8" fill="{color}"/>')
-        parts.append(f'<text x="{x + 11:.1f}" y="{y + 8:.1f}" class="legend">{escape(name)}</text>')
-        x += width
-    return parts
-
-
-def _svg(parts: list[str], title: str) -> SafeString:
+def _svg(parts: list[str], title: str, height: float) -> SafeString:
     """Every text inside `parts` went through escape(); numbers and colours are ours."""
     body = "".join(parts)
     return mark_safe(
-        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}">{body}</svg>'
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {height:.0f}" role="img" aria-label="{escape(title)}">{body}</svg>'
     )
 
 
@@ -57,14 +127,15 @@ def _empty(message: str) -> SafeString:
     return mark_safe(f'<p class="chart-empty">{escape(message)}</p>')
 
 
-def _time_labels(minutes: list[datetime], every: int = 10) -> list[tuple[float, str]]:
+def _time_labels(minutes: list[datetime], every: int = 10, label_format: str = "%H:%M") -> list[tuple[float, str]]:
     """A label on each point at a round time of the clock: every `every` points' worth of time since midnight UTC
-    (every 10 minutes on a chart of minutes, every hour on one of 5-minute buckets), whatever instant it starts at."""
+    (every 10 minutes on a chart of minutes, every hour on one of 5-minute buckets, each day on a week of 2-hour
+    buckets), whatever instant it starts at."""
     plot_w = WIDTH - LEFT
     step = plot_w / max(1, len(minutes) - 1)
     spacing = (minutes[1] - minutes[0]) * every if len(minutes) > 1 else timedelta(minutes=every)
     return [
-        (LEFT + n * step, minute.astimezone(UTC).strftime("%H:%M"))
+        (LEFT + n * step, minute.astimezone(UTC).strftime(label_format))
         for n, minute in enumerate(minutes)
         if (minute - minute.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)) % spacing
         == timedelta(0)
@@ -72,53 +143,69 @@ def _time_labels(minutes: list[datetime], every: int = 10) -> list[tuple[float, 
 
 
 def line_chart(
-    series: list[tuple[str, str, list[float | None]]],
+    series: list[Series],
     minutes: list[datetime],
     *,
     unit: str,
     empty: str,
+    title: str,
     label_every: int = 10,
+    label_format: str = "%H:%M",
 ) -> SafeString:
-    values = [v for _, _, points in series for v in points if v is not None]
+    """Lines over time; `empty` instead when no series has a point. A series without one is named in the legend
+    with NO_DATA."""
+    values = [v for line in series for v in line.values if v is not None]
     if not values:
         return _empty(empty)
-    top = max(values) * 1.1 or 1.0
-    plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM - TOP
-    step = plot_w / max(1, len(minutes) - 1)
-    parts = _frame(top, unit, _time_labels(minutes, label_every))
-    for _, color, points in series:
+    legend, band = _legend(
+        [LegendKey(line.name, line.color, line.dash, note="" if line.has_data else NO_DATA) for line in series]
+    )
+    top_value = max(values) * 1.1 or 1.0
+    plot_top = band + TOP
+    step = (WIDTH - LEFT) / max(1, len(minutes) - 1)
+    parts = legend + _frame(top_value, unit, _time_labels(minutes, label_every, label_format), top=plot_top)
+    for line in series:
         coords = [
-            f"{LEFT + n * step:.1f},{TOP + plot_h * (1 - v / top):.1f}" for n, v in enumerate(points) if v is not None
+            (LEFT + n * step, plot_top + PLOT_HEIGHT * (1 - v / top_value))
+            for n, v in enumerate(line.values)
+            if v is not None
         ]
+        tip = f"<title>{escape(line.name)}</title>"
         if len(coords) == 1:
-            x, y = coords[0].split(",")
-            parts.append(f'<circle cx="{x}" cy="{y}" r="2.5" fill="{color}"/>')
+            (x, y) = coords[0]
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{line.color}">{tip}</circle>')
         elif coords:
-            parts.append(f'<polyline points="{" ".join(coords)}" fill="none" stroke="{color}" stroke-width="1.6"/>')
-    parts += _legend([(name, color) for name, color, _ in series])
-    return _svg(parts, "enqueue lag per lane")
+            points = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
+            dash = f' stroke-dasharray="{line.dash}"' if line.dash else ""
+            parts.append(
+                f'<polyline points="{points}" fill="none" stroke="{line.color}" stroke-width="1.8"{dash}>'
+                f"{tip}</polyline>"
+            )
+    return _svg(parts, title, plot_top + PLOT_HEIGHT + BOTTOM)
 
 
-def stacked_bars(stacks: list[tuple[str, str, list[int]]], minutes: list[datetime], *, empty: str) -> SafeString:
+def stacked_bars(
+    stacks: list[tuple[str, str, list[int]]], minutes: list[datetime], *, empty: str, title: str
+) -> SafeString:
     totals = [sum(counts[n] for _, _, counts in stacks) for n in range(len(minutes))]
     if not any(totals):
         return _empty(empty)
-    top = float(max(2, math.ceil(max(totals) * 1.1)))
-    plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM - TOP
-    bar_w = plot_w / len(minutes)
-    parts = _frame(top, "", _time_labels(minutes), counts=True)
+    legend, band = _legend([LegendKey(state, color, square=True) for state, color, _ in stacks])
+    top_value = float(max(2, math.ceil(max(totals) * 1.1)))
+    plot_top = band + TOP
+    bar_w = (WIDTH - LEFT) / len(minutes)
+    parts = legend + _frame(top_value, "", _time_labels(minutes), top=plot_top, counts=True)
     for n in range(len(minutes)):
-        y = float(TOP + plot_h)
+        y = float(plot_top + PLOT_HEIGHT)
         for state, color, counts in stacks:
             if counts[n]:
-                h = plot_h * counts[n] / top
+                h = PLOT_HEIGHT * counts[n] / top_value
                 y -= h
                 parts.append(
                     f'<rect x="{LEFT + n * bar_w:.1f}" y="{y:.1f}" width="{max(1.0, bar_w - 1):.1f}" height="{h:.1f}"'
                     f' fill="{color}"><title>{escape(state)}: {counts[n]}</title></rect>'
                 )
-    parts += _legend([(state, color) for state, color, _ in stacks])
-    return _svg(parts, "fires per minute by state")
+    return _svg(parts, title, plot_top + PLOT_HEIGHT + BOTTOM)
 
 
 def bar_chart(points: list[tuple[datetime, int]], *, start: datetime, minutes: int, empty: str) -> SafeString:
@@ -127,15 +214,14 @@ def bar_chart(points: list[tuple[datetime, int]], *, start: datetime, minutes: i
     instants = [start + timedelta(minutes=n) for n in range(minutes + 1)]
     by_minute = dict(points)
     counts = [by_minute.get(minute, 0) for minute in instants]
-    top = float(max(2, math.ceil(max(counts) * 1.1)))
-    plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM - TOP
-    bar_w = plot_w / len(instants)
-    parts = _frame(top, "", _time_labels(instants), counts=True)
+    top_value = float(max(2, math.ceil(max(counts) * 1.1)))
+    bar_w = (WIDTH - LEFT) / len(instants)
+    parts = _frame(top_value, "", _time_labels(instants), top=TOP, counts=True)
     for n, count in enumerate(counts):
         if count:
-            h = plot_h * count / top
+            h = PLOT_HEIGHT * count / top_value
             parts.append(
-                f'<rect x="{LEFT + n * bar_w:.1f}" y="{TOP + plot_h - h:.1f}" width="{max(1.0, bar_w - 1):.1f}"'
+                f'<rect x="{LEFT + n * bar_w:.1f}" y="{TOP + PLOT_HEIGHT - h:.1f}" width="{max(1.0, bar_w - 1):.1f}"'
                 f' height="{h:.1f}" fill="#1565c0"><title>{instants[n]:%H:%M} UTC: {count} fires</title></rect>'
             )
-    return _svg(parts, f"fires due in the next {minutes} minutes")
+    return _svg(parts, f"fires due in the next {minutes} minutes", TOP + PLOT_HEIGHT + BOTTOM)

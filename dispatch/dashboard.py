@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,10 +19,11 @@ from django.conf import settings
 from django.db import connection
 from django.utils.safestring import SafeString
 
+from core.choices import Lane
 from core.clock import DB_NOW
 from core.cron_syntax import TimeRuleError
 from core.timerules import TimeRule
-from dispatch.charts import bar_chart, line_chart, stacked_bars
+from dispatch.charts import NO_DATA, Series, bar_chart, line_chart, stacked_bars
 from dispatch.sql import dashboard as dashboard_sql
 from dispatch.stuck import DEFAULT_STUCK_AFTER_SECONDS, STUCK_PAGE, stuck_pages
 
@@ -47,19 +49,29 @@ STATE_COLORS = {
     "skipped_overlap": "#6d4c41",
     "canceled": "#757575",
 }
-LANE_COLORS = {"strict": ("#1565c0", "#42a5f5", "#90caf9"), "flexible": ("#2e7d32", "#66bb6a", "#a5d6a7")}
+# The lag quantiles: colours of the Okabe-Ito palette (told apart with every common colour vision deficiency), and
+# dash patterns besides, so no line is known by its colour alone. Each lane has its own chart.
+QUANTILE_STYLES = {"p50": ("#0072B2", ""), "p95": ("#E69F00", "7 3"), "p99": ("#D55E00", "2 2")}
+LANES = tuple(Lane.values)
+# The missed tile counts fires recorded missed whose fire time is in this window before now: exactly the occurrence
+# list its link opens (?state__exact=missed&scheduled_after=now-1h).
+MISSED_WINDOW = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
 class LagWindow:
     """A span the lag chart can cover: its bucket keeps the chart near 60-100 points, its labels one per `label_every`
-    buckets (every 10 minutes, hourly, every 4 hours)."""
+    buckets (every 10 minutes, hourly, every 4 hours, daily) in `label_format`. A custom range has its bounds in
+    `since` and `until`; the others end now."""
 
     key: str
     title: str
     minutes: int
     bucket_minutes: int
     label_every: int
+    label_format: str = "%H:%M"
+    since: datetime | None = None
+    until: datetime | None = None
 
 
 LAG_WINDOWS = {
@@ -68,14 +80,38 @@ LAG_WINDOWS = {
         LagWindow("1h", "last hour", 60, 1, 10),
         LagWindow("6h", "last 6 hours", 360, 5, 12),
         LagWindow("24h", "last 24 hours", 1440, 15, 16),
+        LagWindow("7d", "last 7 days", 7 * 1440, 120, 12, "%m-%d"),
     )
 }
 DEFAULT_LAG_WINDOW = "1h"
+# A custom range spans at most the longest window: its read is bounded like that one's (a sample of its days'
+# partitions), whatever an operator types.
+CUSTOM_MAX = timedelta(days=7)
+# Bucket sizes and label spacings (minutes) a custom range picks from: the smallest bucket that keeps the chart to
+# CUSTOM_POINTS points, the smallest spacing (a multiple of the bucket) that keeps it to CUSTOM_LABELS labels.
+CUSTOM_BUCKETS = (1, 5, 15, 30, 60, 120)
+CUSTOM_SPACINGS = (10, 30, 60, 120, 240, 360, 720, 1440)
+CUSTOM_POINTS, CUSTOM_LABELS = 100, 8
 
 
 def lag_window(value: Any) -> LagWindow:
     """The window a query parameter asks for; anything else (absent, misspelt, a list) is the default hour."""
     return LAG_WINDOWS.get(value if isinstance(value, str) else "", LAG_WINDOWS[DEFAULT_LAG_WINDOW])
+
+
+def custom_lag_window(since: datetime, until: datetime, *, now: datetime, title: str = "") -> LagWindow:
+    """The lag chart over [since, until) (until no later than now), at most CUSTOM_MAX long. Raises ValueError with
+    the reason an operator reads."""
+    until = min(until, now)
+    if since >= until:
+        raise ValueError("the range must start before it ends, and before now")
+    if until - since > CUSTOM_MAX:
+        raise ValueError(f"a range spans at most {CUSTOM_MAX.days} days")
+    minutes = max(1, math.ceil((until - since).total_seconds() / 60))
+    bucket = next(b for b in CUSTOM_BUCKETS if minutes / b <= CUSTOM_POINTS)
+    spacing = next(s for s in CUSTOM_SPACINGS if s % bucket == 0 and minutes / s <= CUSTOM_LABELS)
+    label_format = "%m-%d" if spacing >= 1440 else "%H:%M"
+    return LagWindow("custom", title or "custom range", minutes, bucket, spacing // bucket, label_format, since, until)
 
 
 @dataclass
@@ -94,6 +130,10 @@ class Dashboard:
     due: list[tuple[datetime, int]] = field(default_factory=list)
     backlog: dict[str, float] = field(default_factory=dict)
     dead: int = 0  # the DLQ: dead, not resolved (dispatch/dlq.py), as the list its tile opens
+    # Fires recorded missed in the MISSED_WINDOW, as the list its tile opens; estimated from the sample (and said
+    # so) when the hour is sampled: the exact count would read every row of the hour.
+    missed: int = 0
+    missed_estimated: bool = False
     stuck: int = 0
     stuck_capped: bool = False
     tenants: list[dict[str, Any]] = field(default_factory=list)
@@ -104,26 +144,44 @@ class Dashboard:
 
     # --- charts ------------------------------------------------------------------------------------------------
 
-    def lag_chart(self) -> SafeString:
-        series = []
-        for lane, quantiles in sorted(self.lag.items()):
-            colors = LANE_COLORS.get(lane, ("#444", "#777", "#aaa"))
-            for (quantile, values), color in zip(sorted(quantiles.items(), reverse=True), colors, strict=False):
-                series.append((f"{lane} {quantile}", color, values))
-        return line_chart(
-            series,
-            self.lag_buckets or self.minutes,
-            unit="s",
-            empty=f"No fire was enqueued in the {self.lag_window.title} yet.",
-            label_every=self.lag_window.label_every,
-        )
+    def lag_series(self) -> dict[str, list[Series]]:
+        """Per lane (every lane, with or without data), its p50, p95 and p99 lines in their colours and dashes."""
+        width = len(self.lag_buckets or self.minutes)
+        lanes = list(LANES) + sorted(set(self.lag) - set(LANES))
+        return {
+            lane: [
+                Series(quantile, color, self.lag.get(lane, {}).get(quantile, [None] * width), dash)
+                for quantile, (color, dash) in QUANTILE_STYLES.items()
+            ]
+            for lane in lanes
+        }
+
+    def lag_panels(self) -> list[dict[str, Any]]:
+        """One chart per lane; a lane without a fire enqueued in the window says NO_DATA instead of disappearing."""
+        return [
+            {
+                "lane": lane,
+                "has_data": any(line.has_data for line in series),
+                "chart": line_chart(
+                    series,
+                    self.lag_buckets or self.minutes,
+                    unit="s",
+                    empty=f"{lane} lane: {NO_DATA} (no fire of this lane was enqueued in the {self.lag_window.title})",
+                    title=f"enqueue lag, {lane} lane",
+                    label_every=self.lag_window.label_every,
+                    label_format=self.lag_window.label_format,
+                ),
+            }
+            for lane, series in self.lag_series().items()
+        ]
 
     def lag_choices(self) -> list[dict[str, Any]]:
         return [{"key": w.key, "title": w.key, "selected": w == self.lag_window} for w in LAG_WINDOWS.values()]
 
     def states_chart(self) -> SafeString:
         stacks = [(state, STATE_COLORS.get(state, "#999"), counts) for state, counts in self.states.items()]
-        return stacked_bars(stacks, self.minutes, empty="No fire was due in the last hour yet.")
+        empty = f"No fire was due in the last hour: {NO_DATA}."
+        return stacked_bars(stacks, self.minutes, empty=empty, title="fires per minute by state")
 
     def due_chart(self) -> SafeString:
         start = self.now.replace(second=0, microsecond=0)
@@ -139,7 +197,7 @@ def build(*, shards: int | None = None, lag: LagWindow | None = None, tenant_ids
         now = cursor.fetchone()[0]
         since = (now - timedelta(minutes=WINDOW_MINUTES)).replace(second=0, microsecond=0)
         minutes = [since + timedelta(minutes=n) for n in range(WINDOW_MINUTES + 1)]
-        percent = _sample_percent(cursor, since)
+        percent = _sample_percent(cursor, since, now)
         dash = Dashboard(
             now=now,
             sample_percent=percent,
@@ -151,8 +209,13 @@ def build(*, shards: int | None = None, lag: LagWindow | None = None, tenant_ids
         scope = {"tenant_ids": tenant_ids}
         cursor.execute(dashboard_sql.RECENT_BY_MINUTE.format(sample=_sample_clause(percent)), {"since": since, **scope})
         _fill_recent(dash, cursor.fetchall(), scale=100.0 / percent)
-        if lag.minutes != WINDOW_MINUTES:
+        if lag != LAG_WINDOWS[DEFAULT_LAG_WINDOW]:
             _fill_lag(cursor, dash, lag)
+        if percent >= 100:
+            cursor.execute(dashboard_sql.MISSED_COUNT, {"since": now - MISSED_WINDOW, **scope})
+            dash.missed = cursor.fetchone()[0]
+        else:
+            dash.missed, dash.missed_estimated = sum(dash.states.get("missed", [])), True
         if tenant_ids is None:
             dash.due = _due_next_hour(cursor, now, shards)
             cursor.execute(dashboard_sql.BACKLOG)
@@ -214,9 +277,10 @@ def build(*, shards: int | None = None, lag: LagWindow | None = None, tenant_ids
     return dash
 
 
-def _sample_percent(cursor: Any, since: datetime) -> float:
-    """100 below a sample's worth of occurrences since `since` (by the planner's estimate), a smaller share above."""
-    cursor.execute(dashboard_sql.RECENT_ROWS_ESTIMATE, {"since": since})
+def _sample_percent(cursor: Any, since: datetime, until: datetime) -> float:
+    """100 below a sample's worth of occurrences in [since, until] (by the planner's estimate), a smaller share
+    above."""
+    cursor.execute(dashboard_sql.RECENT_ROWS_ESTIMATE, {"since": since, "until": until})
     return _percent_for(float(cursor.fetchone()[0] or 0))
 
 
@@ -240,18 +304,21 @@ def _sample_clause(percent: float) -> str:
 
 
 def _fill_lag(cursor: Any, dash: Dashboard, lag: LagWindow) -> None:
-    """The lag chart over a longer window than the hour, per bucket of lag.bucket_minutes, read apart from the
-    hour's other figures (which stay an hour) with a sample of its own: a day is ~200 M rows at full load."""
+    """The lag chart over another window than the hour, per bucket of lag.bucket_minutes, read apart from the
+    hour's other figures (which stay an hour) with a sample of its own: a day is ~200 M rows at full load, a week
+    1.4 G. Both bounds are on scheduled_for, the partition key, so only the window's day partitions are read."""
     bucket = timedelta(minutes=lag.bucket_minutes)
-    start = dash.now - timedelta(minutes=lag.minutes)
+    until = min(lag.until or dash.now, dash.now)
+    start = lag.since or dash.now - timedelta(minutes=lag.minutes)
     # Buckets start on multiples of the bucket size (date_bin's origin below is midnight UTC of a past day).
     since = start - (start - start.replace(hour=0, minute=0, second=0, microsecond=0)) % bucket
-    dash.lag_buckets = [since + bucket * n for n in range(lag.minutes // lag.bucket_minutes + 1)]
-    percent = _sample_percent(cursor, since)
+    points = lag.minutes // lag.bucket_minutes + 1 if lag.since is None else math.ceil((until - since) / bucket)
+    dash.lag_buckets = [since + bucket * n for n in range(points)]
+    percent = _sample_percent(cursor, since, until)
     dash.lag_sample_percent = percent
     cursor.execute(
         dashboard_sql.LAG_BY_BUCKET.format(sample=_sample_clause(percent)),
-        {"since": since, "bucket": bucket, "tenant_ids": dash.tenant_ids},
+        {"since": since, "until": until, "bucket": bucket, "tenant_ids": dash.tenant_ids},
     )
     index = {instant: n for n, instant in enumerate(dash.lag_buckets)}
     lanes = _lag_series(len(dash.lag_buckets))

@@ -157,6 +157,37 @@ class OccurrenceResolution(models.Model):
         return f"{self.occurrence_id} resolved by {self.resolved_by}"
 
 
+class OccurrenceRerun(models.Model):
+    """An operator's re-run of a fire that did not run (dispatch/rerun.py): who, when and why, and the judgement it
+    set aside (the state and reason the row had), which the occurrence row itself forgets once it runs.
+
+    A table of its own, like OccurrenceResolution and for the same reasons: no column to add to the hot partitioned
+    table, and the row leaves with its day (dispatch/sql/maintenance.py)."""
+
+    id = models.BigAutoField(primary_key=True)
+    occurrence_id = models.UUIDField()
+    # The occurrence's partition key: finds its row, and the re-run leaves with its day.
+    scheduled_for = models.DateTimeField()
+    tenant_id = models.BigIntegerField()
+    previous_state = models.CharField(max_length=16)
+    previous_reason = models.TextField(blank=True, default="")
+    rerun_at = models.DateTimeField()
+    rerun_by = models.CharField(max_length=200)
+    note = models.TextField()
+
+    class Meta:
+        db_table = "dispatch_occurrence_rerun"
+        ordering = ["rerun_at"]
+        indexes = [
+            # An occurrence's timeline reads its re-runs by its key; the retention deletes a day's.
+            models.Index(fields=["occurrence_id", "scheduled_for"], name="rerun_by_occurrence"),
+            models.Index(fields=["scheduled_for"], name="rerun_by_day"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.occurrence_id} re-run by {self.rerun_by}"
+
+
 class Attempt(models.Model):
     """One claim of an occurrence by a worker. `generation` fences late completions of older claims."""
 

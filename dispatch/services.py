@@ -2,11 +2,11 @@
 
 `schedules/` (its verbs, the API, the console) and `tenants/` ask the data plane for nothing but what is named here,
 and read nothing of it but its models: the handlers a schedule may name, the occurrences a change withdraws or still
-owes, a manual trigger, a replay from the DLQ or its resolution, a backfill, what is in flight or pending, the
-materializer's rule for a late one-off, a deleted tenant's end of work, the tenants' quota counters, the URL rule of
-outbound calls and how a tenant's notifications are faring. Each name is the function that does the work, in the
-module that owns it; this file is where a reader of the control plane learns what the data plane offers, and where
-a change of that offer shows.
+owes, a manual trigger, a replay from the DLQ or its resolution, a re-run of a missed or skipped fire, a backfill,
+what is in flight or pending, the materializer's rule for a late one-off, a deleted tenant's end of work, the
+tenants' quota counters, the URL rule of outbound calls and how a tenant's notifications are faring. Each name is
+the function that does the work, in the module that owns it; this file is where a reader of the control plane learns
+what the data plane offers, and where a change of that offer shows.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from dispatch.occurrences import (
 )
 from dispatch.planning import late_one_off_fires
 from dispatch.quotas import tenant_quota_columns
+from dispatch.rerun import RerunRefused, rerun_occurrence
 
 __all__ = [
     "BackfillRefused",
@@ -43,6 +44,7 @@ __all__ = [
     "NotificationDelivery",
     "ReconcileInputError",
     "ReplayRefused",
+    "RerunRefused",
     "ResolveRefused",
     "backfill_schedule",
     "earliest_pending_fire",
@@ -59,6 +61,7 @@ __all__ = [
     "record_missed_fire",
     "registered_names",
     "replay_dead_occurrence",
+    "rerun_occurrence",
     "resolve_dead_occurrence",
     "schedules_of_tenant",
     "tenant_quota_columns",

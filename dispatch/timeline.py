@@ -2,8 +2,9 @@
 finished, and why it ended as it did ("why didn't 09:00 run?").
 
 Nothing here is stored: the occurrence row (its instants, flags and state_reason), its attempts, the schedule
-version it belongs to and the operators' resolutions of its deaths (dispatch/dlq.py) say all of it. Pure functions of
-those rows and `now`, so the console, a command or a test read the same story.
+version it belongs to, the operators' resolutions of its deaths (dispatch/dlq.py) and their re-runs of it
+(dispatch/rerun.py) say all of it. Pure functions of those rows and `now`, so the console, a command or a test read
+the same story.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dispatch.dlq import current_resolution
-from dispatch.models import Attempt, Occurrence, OccurrenceResolution, OccurrenceState
+from dispatch.metrics import live_heartbeat_seconds
+from dispatch.models import Attempt, Occurrence, OccurrenceRerun, OccurrenceResolution, OccurrenceState
+from dispatch.outages import ROLE_CONSEQUENCES, ProcessSpan, Silence, process_spans, silences
 
 __all__ = ["Event", "Verdict", "occurrence_timeline", "offset_text", "seconds_text", "verdict"]
 
@@ -71,7 +74,9 @@ def _rule(definition: dict[str, Any] | None) -> str:
     )
 
 
-def _origin(occurrence: Occurrence) -> str:
+def _origin(occurrence: Occurrence, *, rerun: bool = False) -> str:
+    if rerun:  # forced by the re-run, not by a backfill or replay: its creation time says nothing of either
+        return "the schedule's rhythm, re-run by an operator since (see below)"
     if occurrence.manual:
         return "a manual trigger (run now), outside the cron rhythm; forced: it runs whatever the schedule does next"
     if occurrence.forced and occurrence.created_at - occurrence.scheduled_for > BACKFILL_GAP:
@@ -125,13 +130,16 @@ def occurrence_timeline(
     definition: dict[str, Any] | None,
     now: datetime,
     resolutions: Sequence[OccurrenceResolution] = (),
+    reruns: Sequence[OccurrenceRerun] = (),
+    processes: Sequence[ProcessSpan] | None = None,
 ) -> list[Event]:
-    """Every transition the rows record, in time order (ties keep the order of the life cycle)."""
+    """Every transition the rows record, in time order (ties keep the order of the life cycle). For a missed
+    occurrence, what was down when it fell due, from `processes` (None: the heartbeat rows as they stand)."""
     events: list[Event] = [
         Event(
             occurrence.created_at,
             f"Created (version {occurrence.schedule_version})",
-            f"From {_origin(occurrence)}."
+            f"From {_origin(occurrence, rerun=bool(reruns))}."
             + (
                 " Kept through a schedule change: it was already due when the schedule changed."
                 if occurrence.kept
@@ -140,7 +148,9 @@ def occurrence_timeline(
         ),
         Event(occurrence.scheduled_for, "Fire time (scheduled for)", "The instant the rule asked for."),
     ]
-    if occurrence.available_at != occurrence.scheduled_for:
+    events.extend(_rerun_event(rerun) for rerun in reruns)
+    # A re-run releases the fire at its own instant: its line says so, and no other release line is true of it.
+    if occurrence.available_at != occurrence.scheduled_for and not _released_by_rerun(occurrence, reruns):
         label, detail = _release(occurrence, attempts)
         events.append(Event(occurrence.available_at, label, detail))
     if occurrence.throttled:
@@ -165,12 +175,30 @@ def occurrence_timeline(
     current = current_resolution(occurrence, resolutions)
     for resolution in resolutions:
         events.append(_resolution_event(resolution, holds=resolution is current))
+    if occurrence.state == OccurrenceState.MISSED:
+        spans = process_spans() if processes is None else processes
+        events.extend(map(_silence_event, silences(occurrence, spans, ttl=live_heartbeat_seconds())))
     final = _final_event(occurrence, attempts, definition, now, current)
     if final is not None:
         events.append(final)
     order = {id(event): index for index, event in enumerate(events)}
     far = datetime.max.replace(tzinfo=UTC)
     return sorted(events, key=lambda event: (event.at or far, order[id(event)]))
+
+
+def _silence_event(silence: Silence) -> Event:
+    """What was down when a missed fire fell due (dispatch/outages.py), at the last heartbeat before the silence."""
+    until = "before this fire was judged"
+    if silence.resumed is not None:
+        until = f"until {silence.resumed.name} started, {offset_text(silence.resumed_after, 'its release')}"
+    return Event(
+        silence.last.heartbeat_at,
+        f"No {silence.role} reporting",
+        f"No {silence.role} had reported for {silence.seconds:.0f} s {until}: {ROLE_CONSEQUENCES[silence.role]} "
+        f"meanwhile. This is the last heartbeat on record before it fell due ({silence.last.name}), by the "
+        "heartbeat rows as they stand.",
+        tone="warn",
+    )
 
 
 def _published_detail(occurrence: Occurrence) -> str:
@@ -223,6 +251,20 @@ def _attempt_events(occurrence: Occurrence, attempt: Attempt, now: datetime) -> 
             )
         )
     return events
+
+
+def _rerun_event(rerun: OccurrenceRerun) -> Event:
+    judged = f"{rerun.previous_state}: {rerun.previous_reason}" if rerun.previous_reason else rerun.previous_state
+    return Event(
+        rerun.rerun_at,
+        f"Re-run by {rerun.rerun_by}",
+        f"It was {judged}. Released again now under the same id, forced (its misfire policy does not judge it "
+        f'again): "{rerun.note}".',
+    )
+
+
+def _released_by_rerun(occurrence: Occurrence, reruns: Sequence[OccurrenceRerun]) -> bool:
+    return bool(reruns) and occurrence.available_at == reruns[-1].rerun_at
 
 
 def _resolution_event(resolution: OccurrenceResolution, *, holds: bool) -> Event:

@@ -166,7 +166,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
         log_changes(request, [(o, "Replayed from the dead-letter queue by a bulk action (same id).") for o in replayed])
         if replayed or not refused:
             messages.success(request, f"Replayed {len(replayed)} dead occurrence(s) under their own ids.")
-        _report_refusals(request, "Not replayed", refused)
+        report_refusals(request, "Not replayed", refused)
         return None
 
     @admin.action(description="Resolve selected dead occurrences (with a note)…", permissions=["resolve"])
@@ -192,7 +192,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
         )
         if resolved or not refused:
             messages.success(request, f"Resolved {len(resolved)} dead occurrence(s): they left the dead-letter queue.")
-        _report_refusals(request, "Not resolved", refused)
+        report_refusals(request, "Not resolved", refused)
         return None
 
     def _selection(self, request: HttpRequest, queryset: QuerySet) -> list[Occurrence] | None:
@@ -247,7 +247,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/dispatch/occurrence/dead_letter_confirmation.html", context)
 
 
-def _report_refusals(request: HttpRequest, what: str, refused: list[str]) -> None:
+def report_refusals(request: HttpRequest, what: str, refused: list[str]) -> None:
     if not refused:
         return
     shown = " ".join(refused[:REFUSALS_NAMED])

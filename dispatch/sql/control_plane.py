@@ -9,6 +9,12 @@ from __future__ import annotations
 
 SCHEDULE_STATE = "SELECT state FROM schedules_schedule WHERE id = %(schedule_id)s"
 
+# A re-run (dispatch/rerun.py) holds its schedule's row while it decides, in the lock order of docs/ARCHITECTURE.md
+# (schedule row, then occurrence rows): a cancel, which takes the row FOR UPDATE and then withdraws the unclaimed
+# occurrences, serialises with it (canceled first: the re-run is refused; the re-run first: the cancel withdraws it),
+# and so does a claim under an overlap policy other than allow, which takes the row FOR UPDATE first too.
+SCHEDULE_FOR_RERUN = "SELECT state, overlap_policy FROM schedules_schedule WHERE id = %(schedule_id)s FOR SHARE"
+
 # The versions of these schedules that overlap [since, until), by schedule then version. Only the time fields of the
 # snapshot are read out of its JSON: a payload of up to 64 KiB per version would otherwise dominate the reconciler's
 # memory. Each is text, as stored in the snapshot; dispatch/history.py parses and checks it.

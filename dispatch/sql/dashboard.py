@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dispatch.sql import UNRESOLVED_DEAD
 
-# Rows the planner expects in the occurrence partitions overlapping [since, now]: the sample percentage is chosen
+# Rows the planner expects in the occurrence partitions overlapping [since, until]: the sample percentage is chosen
 # from this (reltuples is -1 before a partition's first ANALYZE; counted as 0, i.e. read it all).
 RECENT_ROWS_ESTIMATE = """
 SELECT COALESCE(sum(GREATEST(c.reltuples, 0)), 0)
@@ -19,6 +19,7 @@ FROM pg_inherits AS i
 JOIN pg_class AS c ON c.oid = i.inhrelid
 WHERE i.inhparent = 'dispatch_occurrence'::regclass
   AND c.relname >= 'dispatch_occurrence_p' || to_char(%(since)s::timestamptz AT TIME ZONE 'UTC', 'YYYYMMDD')
+  AND c.relname <= 'dispatch_occurrence_p' || to_char(%(until)s::timestamptz AT TIME ZONE 'UTC', 'YYYYMMDD')
 """
 
 # One pass over the window, three groupings: per (minute, lane) the enqueue lag quantiles (confirmation - release
@@ -45,15 +46,16 @@ GROUP BY GROUPING SETS ((date_trunc('minute', o.scheduled_for), o.lane),
                         (o.tenant_id))
 """
 
-# The lag chart over a window longer than RECENT_BY_MINUTE's hour: the same quantiles per (bucket, lane), buckets of
-# %(bucket)s aligned on midnight UTC (date_bin), through the day partitions of the window and {sample} as above.
+# The lag chart over another window than RECENT_BY_MINUTE's hour (up to 7 days, or a custom range as long): the same
+# quantiles per (bucket, lane), buckets of %(bucket)s aligned on midnight UTC (date_bin), through the day partitions of
+# [since, until] only (both bounds on the partition key) and {sample} as above.
 LAG_BY_BUCKET = """
 SELECT date_bin(%(bucket)s::interval, o.scheduled_for, TIMESTAMPTZ '2000-01-01 00:00:00+00') AS bucket, o.lane,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM o.enqueued_at - o.available_at)),
        percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM o.enqueued_at - o.available_at)),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM o.enqueued_at - o.available_at))
 FROM dispatch_occurrence AS o {sample}
-WHERE o.scheduled_for >= %(since)s AND o.scheduled_for <= clock_timestamp()
+WHERE o.scheduled_for >= %(since)s AND o.scheduled_for < %(until)s
   AND o.enqueued_at IS NOT NULL AND NOT o.throttled
   AND (%(tenant_ids)s::bigint[] IS NULL OR o.tenant_id = ANY(%(tenant_ids)s::bigint[]))
 GROUP BY 1, 2
@@ -129,6 +131,16 @@ WHERE """
   AND (%(tenant_ids)s::bigint[] IS NULL OR w.tenant_id = ANY(%(tenant_ids)s::bigint[]))
 """
 )
+
+# The missed tile: what the occurrence list filtered on state missed and scheduled_after=now-1h lists, of the
+# operator's tenants (the tile counts exactly the rows its link opens). Read only while the hour holds less than a
+# sample's worth of rows (dispatch/dashboard.py): the hour's partitions are pruned on scheduled_for, but no index
+# names the state, so the count reads every row of the hour.
+MISSED_COUNT = """
+SELECT count(*) FROM dispatch_occurrence AS o
+WHERE o.state = 'missed' AND o.scheduled_for >= %(since)s
+  AND (%(tenant_ids)s::bigint[] IS NULL OR o.tenant_id = ANY(%(tenant_ids)s::bigint[]))
+"""
 
 # Per tenant: the engine's quota counters (dispatch/sql/quotas.py), busiest first, bounded. dispatched_fires counts
 # every publish since the tenant's first (a fire parked for max_running, or retried, is published again and counted

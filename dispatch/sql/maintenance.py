@@ -175,10 +175,13 @@ LOCK_PARENT_ONLY = 'LOCK TABLE ONLY "public"."{parent}" IN ACCESS EXCLUSIVE MODE
 LOCK_PARTITION = 'LOCK TABLE "public"."{partition}" IN ACCESS EXCLUSIVE MODE'
 DROP_PARTITION = 'DROP TABLE IF EXISTS "public"."{partition}"'
 # A dropped day's dead fires leave the watch with it (a DROP fires no trigger); DAY_REOPENED found none of its fires
-# in the other watched states. Through watch_dead_by_day. The resolutions of its dead fires go too (resolution_by_day).
+# in the other watched states. Through watch_dead_by_day. The resolutions of its dead fires go too (resolution_by_day),
+# and the re-runs of its fires (rerun_by_day).
 FORGET_WATCHED_DAY = """
 WITH unresolved AS (
     DELETE FROM dispatch_occurrence_resolution WHERE scheduled_for >= %(start)s AND scheduled_for < %(end)s
+), unrerun AS (
+    DELETE FROM dispatch_occurrence_rerun WHERE scheduled_for >= %(start)s AND scheduled_for < %(end)s
 )
 DELETE FROM dispatch_occurrence_watch WHERE state = 'dead' AND scheduled_for >= %(start)s AND scheduled_for < %(end)s
 """
@@ -198,7 +201,8 @@ SELECT (SELECT count(*) FROM dispatch_occurrence_default
 """
 # The state is re-checked on each row as it is deleted (READ COMMITTED re-reads a row changed meanwhile), so a fire
 # re-opened while this runs stays. A DELETE on the partition itself fires no trigger of the parent: the deleted dead
-# rows leave the watch here. Returns how many rows were deleted.
+# rows leave the watch here, and the resolutions and re-runs of the deleted rows go with them. Returns how many rows
+# were deleted.
 DELETE_FINISHED_DEFAULT_OCCURRENCES = """
 WITH deleted AS (
     DELETE FROM dispatch_occurrence_default WHERE scheduled_for < %(cutoff)s AND NOT state = ANY(%(unfinished)s)
@@ -209,6 +213,9 @@ WITH deleted AS (
 ), unresolved AS (
     DELETE FROM dispatch_occurrence_resolution AS r USING deleted AS d
     WHERE d.state = 'dead' AND r.occurrence_id = d.occurrence_id AND r.scheduled_for = d.scheduled_for
+), unrerun AS (
+    DELETE FROM dispatch_occurrence_rerun AS r USING deleted AS d
+    WHERE r.occurrence_id = d.occurrence_id AND r.scheduled_for = d.scheduled_for
 )
 SELECT count(*) FROM deleted
 """

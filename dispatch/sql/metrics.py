@@ -119,15 +119,23 @@ WHERE heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s) AND cloc
 ORDER BY role, abs(clock_skew_seconds) DESC
 """
 
-# /healthz in one round trip: live materializers and relays (heartbeats within `ttl`), and how far the earliest
-# active cursor is behind now (the per-shard loose index scan of METRICS_CURSOR_BEHIND: cheap on 20 M schedules).
+# /healthz (and the console's health banner) in one round trip: live materializers and relays (heartbeats within
+# `ttl`), how far the earliest active cursor is behind now (the per-shard loose index scan of METRICS_CURSOR_BEHIND:
+# cheap on 20 M schedules), how long ago the latest materializer and relay heartbeat on record was written (NULL when
+# none is: the table holds one small row per process, pruned), and how long the oldest due envelope not held back by
+# its tenant's fire rate has waited to be published (the partial index outbox_due, read from its oldest entry).
 HEALTH_PROBE = (
     """
-SELECT count(*) FILTER (WHERE role = 'materializer'), count(*) FILTER (WHERE role = 'relay'),
+SELECT count(*) FILTER (WHERE role = 'materializer'
+                         AND heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)),
+       count(*) FILTER (WHERE role = 'relay' AND heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)),
        (SELECT behind FROM ("""
     + METRICS_CURSOR_BEHIND
-    + """) AS b(behind))
+    + """) AS b(behind)),
+       EXTRACT(EPOCH FROM clock_timestamp() - max(heartbeat_at) FILTER (WHERE role = 'materializer')),
+       EXTRACT(EPOCH FROM clock_timestamp() - max(heartbeat_at) FILTER (WHERE role = 'relay')),
+       (SELECT EXTRACT(EPOCH FROM clock_timestamp() - min(m.available_at)) FROM dispatch_outboxmessage AS m
+        WHERE m.published_at IS NULL AND m.available_at <= clock_timestamp() AND NOT m.throttled)
 FROM dispatch_processheartbeat
-WHERE heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)
 """
 )

@@ -81,7 +81,7 @@ def test_the_index_opens_with_empty_charts_before_anything_happened(console):
     page = console.get("/admin/")
     assert page.status_code == 200
     text = page.content.decode()
-    assert "No fire was enqueued in the last hour yet." in text
+    assert "strict lane: no data in this range" in text and "flexible lane: no data in this range" in text
     assert "No process has a heartbeat" in text or "Processes" in text
 
 
@@ -152,6 +152,7 @@ def lag_history(tenant_a, make_schedule, make_occurrence):
         ("1h", 61, timedelta(minutes=1), 0.05),
         ("6h", 73, timedelta(minutes=5), 2.0),
         ("24h", 97, timedelta(minutes=15), 7.0),
+        ("7d", 85, timedelta(hours=2), 7.0),
     ],
 )
 def test_the_lag_chart_covers_the_window_asked_for_in_buckets_that_fit(lag_history, window, buckets, bucket, worst):
@@ -170,7 +171,8 @@ def test_the_lag_chart_covers_the_window_asked_for_in_buckets_that_fit(lag_histo
         ("", "1h", "last hour"),
         ("?lag=6h", "6h", "last 6 hours"),
         ("?lag=24h", "24h", "last 24 hours"),
-        ("?lag=7d", "1h", "last hour"),
+        ("?lag=7d", "7d", "last 7 days"),
+        ("?lag=30d", "1h", "last hour"),
         ("?lag=6H", "1h", "last hour"),
         ("?lag=", "1h", "last hour"),
     ],
@@ -183,14 +185,18 @@ def test_the_index_offers_the_lag_windows_as_links_and_falls_back_to_the_hour(
     page = response.content.decode()
 
     assert f"Enqueue lag per lane, {title}" in page
-    chart = page[page.index('aria-label="enqueue lag per lane"') :].split("</svg>", 1)[0]
-    ticks = re.findall(r'class="tick">(\d\d):(\d\d)<', chart)
-    assert len(ticks) in (6, 7), "an x label every 10 min, 1 h or 4 h"
-    spacing = {"1h": 10, "6h": 60, "24h": 240}[selected]
-    assert all((int(h) * 60 + int(m)) % spacing == 0 for h, m in ticks), "at round times of the clock"
+    chart = page[page.index('aria-label="enqueue lag, strict lane"') :].split("</svg>", 1)[0]
+    if selected == "7d":
+        days = re.findall(r'class="tick">(\d\d)-(\d\d)<', chart)
+        assert len(days) in (7, 8), "an x label each day (month-day, UTC)"
+    else:
+        ticks = re.findall(r'class="tick">(\d\d):(\d\d)<', chart)
+        assert len(ticks) in (6, 7), "an x label every 10 min, 1 h or 4 h"
+        spacing = {"1h": 10, "6h": 60, "24h": 240}[selected]
+        assert all((int(h) * 60 + int(m)) % spacing == 0 for h, m in ticks), "at round times of the clock"
     windows = page[page.index('class="windows"') :].split("</p>", 1)[0]
     assert re.findall(r"<strong[^>]*>(\w+)</strong>", windows) == [selected]
-    assert sorted(re.findall(r'<a href="\?lag=(\w+)">', windows)) == sorted({"1h", "6h", "24h"} - {selected})
+    assert sorted(re.findall(r'<a href="\?lag=(\w+)">', windows)) == sorted({"1h", "6h", "24h", "7d"} - {selected})
 
 
 def test_the_tenants_table_counts_fires_sent_once_apart_from_the_relays_publishes(console, tenant_a, make_schedule):

@@ -111,11 +111,16 @@ def test_every_dashboard_tile_counts_exactly_the_rows_of_the_list_it_opens(conso
     expected = {
         "platform": {
             f"{OCCURRENCES}?dlq=1": 5,  # every dead fire, however old: 4 of acme, 1 of globex
+            f"{OCCURRENCES}?state__exact=missed&scheduled_after=now-1h": 0,  # tests/integration/test_console_health.py
             f"{OCCURRENCES}?stuck=1&scheduled_after=now-24h": 2,
             f"{OUTBOX}?status=due": 2,  # envelopes (of 3 fires)
             f"{OUTBOX}?status=published": 1,
         },
-        "acme operator": {f"{OCCURRENCES}?dlq=1": 4, f"{OCCURRENCES}?stuck=1&scheduled_after=now-24h": 1},
+        "acme operator": {
+            f"{OCCURRENCES}?dlq=1": 4,
+            f"{OCCURRENCES}?state__exact=missed&scheduled_after=now-1h": 0,
+            f"{OCCURRENCES}?stuck=1&scheduled_after=now-24h": 1,
+        },
     }[who]
     for url, figure in shown.items():
         assert listed(client, url) == (figure, figure), url
