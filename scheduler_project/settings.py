@@ -433,7 +433,8 @@ SCHEDULER_ENVELOPE_SLICE_SECONDS = env_float("SCHEDULER_ENVELOPE_SLICE_SECONDS",
 # How often every process flushes its counters into PostgreSQL and writes its heartbeat (relays, worker pool
 # processes). /healthz and the console call a process silent after two shard leases without one.
 SCHEDULER_HEARTBEAT_SECONDS = env_float("SCHEDULER_HEARTBEAT_SECONDS", 5.0, minimum=0.1)
-# /healthz says "degraded" when the earliest active cursor is further than this behind now.
+# /healthz (and the console's banner) says "degraded" when the earliest active cursor, or the oldest due envelope not
+# held by its tenant's fire rate, is further than this behind now.
 SCHEDULER_HEALTH_BEHIND_SECONDS = env_float("SCHEDULER_HEALTH_BEHIND_SECONDS", 60.0, minimum=1.0)
 # A claim's lease; renewed every third of it by a heartbeat. A dead worker's occurrence is reclaimable after it.
 SCHEDULER_WORKER_LEASE_SECONDS = env_float("SCHEDULER_WORKER_LEASE_SECONDS", 30.0, minimum=1.0)
