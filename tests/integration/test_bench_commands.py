@@ -49,6 +49,7 @@ BENCHES: dict[str, tuple[str, ...]] = {
     ),
     "drain": ("drain", "--occurrences", "300", "--workers", "1", "--concurrency", "2", *TINY),
     "fairness": ("fairness", "--big", "300", "--small", "30", *TINY),
+    "fleet": ("fleet", "--schedules", "40"),
     "steady": ("steady", "--rate", "20", "--tenants", "10", "--minutes", "0.5", "--horizon", "10"),
     "celery-noop": ("celery-noop", "--tasks", "300", "--concurrency", "2"),
     "peer-beat": ("peer-beat", "--tasks", "30", "--deadline", "90", "--lags-out", str(LAGS_DIR / "peer-beat.txt")),
@@ -57,6 +58,8 @@ BENCHES: dict[str, tuple[str, ...]] = {
 PROMISED_KEYS = {
     "burst": {"schedules", "enqueued", "lost", "lag_p50_s", "lag_p95_s", "lag_p99_s", "lag_max_s", "dispatch_per_s"},
     "fairness": {"big_lag_p99_s", "small_lag_p99_s", "big_lost", "small_lost", "lost"},
+    "fleet": {"schedules", "bulk_pause_per_s", "bulk_dry_run_per_s", "export_per_s", "apply_unchanged_per_s"}
+    | {"apply_updated_per_s", "rss_mb_peak"},
     "drain": {"executed_per_s", "start_lag_p50_s", "start_lag_p99_s", "finish_p99_s", "lost", "duplicate_effects"}
     | {"attempts"},
     "steady": {"rate", "fires", "lost", "duplicate_effects", "lag_p50_s", "lag_p99_s", "lag_max_s", "settle_lag_p99_s"}
@@ -186,6 +189,14 @@ def test_burst_went_through_a_real_materializer_and_relay_to_the_broker(bench_ru
     assert all(mb > 20 for mb in result["peak_rss_mb"].values())
     assert 0 <= result["lag_p50_s"] <= result["lag_p99_s"] <= result["lag_max_s"] < 90
     assert len((LAGS_DIR / "burst.txt").read_text().splitlines()) == 300
+
+
+def test_fleet_changed_every_schedule_and_left_no_rows(bench_runs):
+    run = bench_runs["fleet"]
+    result = run.result()
+    assert (result["apply_unchanged_count"], result["apply_updated_count"]) == (40, 40)
+    assert result["bulk_pause_bytes"] > 40 * 50  # one result per schedule
+    assert _query(run.database, "SELECT count(*) FROM tenants_tenant WHERE slug = 'bench-fleet'", []) == [(0,)]
 
 
 def test_drain_ran_every_fire_once_through_a_real_worker(bench_runs):

@@ -1,4 +1,4 @@
-"""`manage.py bench burst|drain|fairness|steady|peer-beat|celery-noop ...`: benchmarks that size a deployment.
+"""`manage.py bench burst|drain|fairness|fleet|steady|peer-beat|celery-noop ...`: benchmarks that size a deployment.
 
 The commands and measured figures are in docs/BENCHMARKS.md.
 """
@@ -15,6 +15,7 @@ from dispatch.bench.burst import BurstBenchmark, BurstConfig
 from dispatch.bench.celery_noop import CeleryNoopBenchmark, CeleryNoopConfig
 from dispatch.bench.drain import DrainBenchmark, DrainConfig
 from dispatch.bench.fairness import FairnessBenchmark, FairnessConfig
+from dispatch.bench.fleet import FleetBenchmark, FleetConfig
 from dispatch.bench.peer_beat import (
     INSTALL_HINT,
     PeerBeatBenchmark,
@@ -74,6 +75,8 @@ class Command(BaseCommand):
         drain.add_argument("--handler", choices=["bench_effect", "noop"], default="bench_effect")
         drain.add_argument("--kill-one-of-each", action="store_true", help="SIGKILL a materializer, relay and worker")
         drain.add_argument("--deadline", type=float, default=300.0, help="seconds after T0 before giving up")
+        fleet = sub.add_parser("fleet", help="bulk, export and apply on N schedules through the tenant API")
+        fleet.add_argument("--schedules", type=int, required=True, help="schedules of the fleet (at most 10,000)")
         fair = sub.add_parser("fairness", help="a big and a small tenant due at one instant: each one's lag")
         fair.add_argument("--big", type=int, required=True, help="fires of the big tenant")
         fair.add_argument("--small", type=int, required=True, help="fires of the small tenant")
@@ -137,6 +140,8 @@ class Command(BaseCommand):
             self.handle_drain(options)
         elif options["bench"] == "fairness":
             self.handle_fairness(options)
+        elif options["bench"] == "fleet":
+            self.handle_fleet(options)
         elif options["bench"] == "steady":
             self.handle_steady(options)
         elif options["bench"] == "peer-beat":
@@ -192,6 +197,12 @@ class Command(BaseCommand):
         except BenchRefused as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(result_line(result))
+
+    def handle_fleet(self, options: dict[str, Any]) -> None:
+        if not 1 <= options["schedules"] <= 10_000:
+            raise CommandError("--schedules must be from 1 to 10000 (one fleet call's limit)")
+        bench = FleetBenchmark(FleetConfig(schedules=options["schedules"]), out=self.stdout)
+        self.stdout.write(result_line(bench.run()))
 
     def handle_fairness(self, options: dict[str, Any]) -> None:
         for name in ("big", "small", "materializers", "relays"):
