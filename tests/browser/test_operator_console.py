@@ -1,9 +1,8 @@
 """An operator's first session, in Chromium: log in, see a styled dashboard with data, find why a fire did not run,
-act on it. Screenshots of the dashboard and a timeline go to docs/img/ (shown in README.md)."""
+act on it. (The README's screenshots are taken by test_phone_layout.py, at 1440 and 390 px.)"""
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import pytest
@@ -11,12 +10,9 @@ from django.contrib.auth import get_user_model
 
 from core.clock import db_now
 from dispatch.models import Occurrence, ProcessHeartbeat
-from tests.browser.conftest import SCREENSHOTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.django_db(transaction=True)]
 PASSWORD = "browser-operator-password"
-# Regenerate the README's screenshots only when asked: a test run must not dirty the checkout.
-KEEP_SCREENSHOTS = os.environ.get("SCHEDULER_SCREENSHOTS") == "1"
 
 
 @pytest.fixture
@@ -89,8 +85,6 @@ def test_an_operator_sees_a_styled_dashboard_with_data_and_finds_why_a_fire_was_
     assert page.locator("svg.chart rect[fill='#2e7d32']").count() >= 10, "succeeded fires per minute"
     assert "1" in page.locator(".tile").first.inner_text(), "one occurrence in the DLQ"
     assert overflowing(page, ".ops-dash .panel") == [], "every panel fits at 1440 px, the tenants table too"
-    if KEEP_SCREENSHOTS:
-        page.screenshot(path=str(SCREENSHOTS / "dashboard.png"), full_page=True)
     page.click(".windows a:text-is('6h')")
     page.wait_for_load_state()
     assert "Enqueue lag per lane, last 6 hours" in page.inner_text(".ops-dash")
@@ -116,8 +110,6 @@ def test_an_operator_sees_a_styled_dashboard_with_data_and_finds_why_a_fire_was_
     rows.first.locator("a").first.click()
     page.wait_for_load_state()
     assert "late by 700 s > max lateness 60 s (skip)" in page.inner_text("body")
-    if KEEP_SCREENSHOTS:
-        page.screenshot(path=str(SCREENSHOTS / "timeline.png"), full_page=True)
     assert Occurrence.objects.filter(pk=demo_like["missed"].pk, state="missed").exists()
     assert errors == [], "no page logged an error (a missing icon did on every page)"
 
