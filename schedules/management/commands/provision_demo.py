@@ -43,6 +43,21 @@ HOLIDAYS = {
 }
 
 
+# Labels, so the console's selector box and the fleet API have something to pick: a team and an environment each.
+DEMO_LABELS: dict[str, dict[str, str]] = {
+    "heartbeat": {"team": "platform", "env": "prod"},
+    "nightly-report": {"team": "finance", "env": "prod"},
+    "standup-reminder": {"team": "people", "env": "prod"},
+    "inventory-sync": {"team": "supply", "env": "prod"},
+    "quarter-hour-poll": {"team": "supply", "env": "staging"},
+    "warm-up-probe": {"team": "platform", "env": "staging"},
+    "crm-webhook": {"team": "sales", "env": "prod"},
+    "queue-depth-probe": {"team": "platform", "env": "prod"},
+    "partner-export": {"team": "finance", "env": "prod"},
+    "welcome-email": {"team": "sales", "env": "prod"},
+}
+
+
 def demo_schedules(now: Any) -> list[dict[str, Any]]:
     """What a small team would really schedule: a heartbeat, reports in local time, a flexible sync, a fixed-rate
     probe, a one-off."""
@@ -148,7 +163,7 @@ class Command(BaseCommand):
             # The name is the idempotency key, so running the demo twice does not duplicate schedules.
             schedule, was_created = create_schedule(
                 tenant=demo.tenant,
-                data=body,
+                data={**body, "labels": DEMO_LABELS.get(body["name"], {})},
                 actor="operator:demo-setup",
                 idempotency_key=f"demo:{body['name']}",
                 request_fingerprint=f"demo:{body['name']}",
@@ -165,6 +180,7 @@ class Command(BaseCommand):
                 "cron": "* * * * *",
                 "timezone": "Europe/London",
                 "handler": "noop",
+                "labels": {"team": "analytics", "env": "prod"},
             }
             _, was_created = create_schedule(
                 tenant=busy.tenant,
