@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connection, transaction
+from django.db.models import Q
 
 from core.choices import OverlapPolicy, ScheduleState
 from dispatch.dlq import NOTE_MAX_LENGTH
@@ -158,9 +159,15 @@ def _overlap_refusal(occurrence: Occurrence, overlap_policy: str, now: datetime)
         .values_list("occurrence_id", flat=True)
         .first()
     )
+    pending = _pending_reruns(occurrence, now)
     if overlap_policy == OverlapPolicy.SKIP_IF_RUNNING:
-        if running is None:
+        if running is None and not pending:
             return ""
+        if running is None:
+            return (
+                f"occurrence {pending[0]} of its schedule was re-run and waits to run; its overlap policy "
+                "(skip_if_running) would skip this one when both are delivered; re-run it once that one has ended"
+            )
         return (
             f"occurrence {running} of its schedule is running and its overlap policy (skip_if_running) would skip "
             "this one again; re-run it once that one has ended"
@@ -171,9 +178,40 @@ def _overlap_refusal(occurrence: Occurrence, overlap_policy: str, now: datetime)
         .values_list("occurrence_id", "scheduled_for")
         .first()
     )
+    if (running is not None) + (held is not None) + len(pending) >= 2:
+        waiting = held[0] if held is not None else pending[0]
+        return (
+            f"occurrence {waiting} of its schedule already waits its turn (or was re-run and waits to run) and its "
+            "overlap policy (queue_one) holds one at most: this one would be skipped again; re-run it once that one "
+            "has run"
+        )
     if held is None or (running is None and (occurrence.scheduled_for, occurrence.occurrence_id) < (held[1], held[0])):
         return ""
     return (
         f"occurrence {held[0]} of its schedule already waits its turn and its overlap policy (queue_one) holds one "
         "at most: this one would be skipped again; re-run it once that one has run"
     )
+
+
+# How far back an operator's re-runs are looked at for ones still waiting to run (a re-run runs within seconds).
+PENDING_RERUN_WINDOW = timedelta(hours=1)
+
+
+def _pending_reruns(occurrence: Occurrence, now: datetime) -> list[uuid.UUID]:
+    """Siblings an operator re-ran that have not run yet (scheduled or enqueued): the claim's overlap rule will meet
+    them before this fire, though the watch table does not hold them yet. Read from the re-run records of the last
+    hour (a small table), each probing its occurrence by key."""
+    recent = OccurrenceRerun.objects.filter(
+        tenant_id=occurrence.tenant_id, rerun_at__gte=now - PENDING_RERUN_WINDOW
+    ).exclude(occurrence_id=occurrence.occurrence_id)
+    keys = Q()
+    for occurrence_id, scheduled_for in recent.values_list("occurrence_id", "scheduled_for")[:1000]:
+        keys |= Q(occurrence_id=occurrence_id, scheduled_for=scheduled_for)
+    if not keys:
+        return []
+    waiting = Occurrence.objects.filter(
+        keys,
+        schedule_id=occurrence.schedule_id,
+        state__in=(OccurrenceState.SCHEDULED, OccurrenceState.ENQUEUED),
+    )
+    return list(waiting.values_list("occurrence_id", flat=True))

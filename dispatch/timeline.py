@@ -193,10 +193,10 @@ def _silence_event(silence: Silence) -> Event:
         until = f"until {silence.resumed.name} started, {offset_text(silence.resumed_after, 'its release')}"
     return Event(
         silence.last.heartbeat_at,
-        f"No {silence.role} reporting",
-        f"No {silence.role} had reported for {silence.seconds:.0f} s {until}: {ROLE_CONSEQUENCES[silence.role]} "
-        f"meanwhile. This is the last heartbeat on record before it fell due ({silence.last.name}), by the "
-        "heartbeat rows as they stand.",
+        f"No {silence.role} heartbeat on record",
+        f"No {silence.role} heartbeat on record covers the {silence.seconds:.0f} s {until}: if none was running, "
+        f"{ROLE_CONSEQUENCES[silence.role]} meanwhile. This is the last heartbeat on record before it fell due "
+        f"({silence.last.name}). The rows are what is known: a process that stopped cleanly removed its own.",
         tone="warn",
     )
 

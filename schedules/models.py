@@ -148,7 +148,12 @@ class Schedule(models.Model):
         help_text="Seconds; the first retry waits between half and all of it. Empty: the platform's default.",
     )
     retry_cap_seconds = models.IntegerField(
-        null=True, blank=True, help_text="The longest wait between attempts, in seconds. Empty: the platform's default."
+        null=True,
+        blank=True,
+        help_text=(
+            "The longest backoff between attempts, in seconds (the tenant's retry budget may delay a retry further). "
+            "Empty: the platform's default."
+        ),
     )
     # The tenant's own key/value tags (core/labels.py), chosen by selectors in lists, bulk changes, export/apply and
     # notifications. A database default, so raw inserts (the benchmarks' COPY) need not name it.

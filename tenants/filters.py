@@ -26,7 +26,7 @@ class TenantFilter(admin.SimpleListFilter):
         value = self.value()
         if not value:
             return queryset
-        if not value.isdigit() or int(value) > BIGINT_MAX:
+        if not (value.isascii() and value.isdigit()) or int(value) > BIGINT_MAX:
             # The admin answers this with its own "invalid filter" page (?e=1), not a database error.
             raise IncorrectLookupParameters(f"{value!r} is not a tenant id")
         return queryset.filter(tenant_id=int(value))

@@ -53,7 +53,7 @@ class AttemptAdmin(AttemptTimesMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
         return HttpResponseRedirect(reverse("admin:dispatch_occurrence_changelist"))
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Attempt | None:
-        if not object_id.isdigit() or int(object_id) > BIGINT_MAX:
+        if not (object_id.isascii() and object_id.isdigit()) or int(object_id) > BIGINT_MAX:
             return None
         return super().get_object(request, object_id, from_field)
 

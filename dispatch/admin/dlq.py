@@ -200,6 +200,18 @@ class DeadLetterAdmin(admin.ModelAdmin):
         if len(selected) > MAX_BULK:
             messages.error(request, f"Nothing done: at most {MAX_BULK} occurrences per action; narrow the list.")
             return None
+        if request.POST.get("confirm") == "yes":
+            # The confirmation posts back to the list's URL, whose range may be relative (the last hour): a listed
+            # occurrence that has since left it is named, never dropped in silence.
+            posted = set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))
+            gone = sorted(posted - {str(o.pk) for o in selected})
+            if gone:
+                shown = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
+                messages.warning(
+                    request,
+                    f"Nothing done to {len(gone)} listed occurrence(s) that have left the list's range since: {shown}. "
+                    "Widen the range and select them again.",
+                )
         return selected
 
     def _confirmation(

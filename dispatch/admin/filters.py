@@ -244,7 +244,7 @@ class StuckFilter(admin.SimpleListFilter):
                 until=until,
                 now=now,
                 stuck_after_seconds=DEFAULT_STUCK_AFTER_SECONDS,
-                tenant_id=int(tenant) if tenant.isdigit() and len(tenant) < 19 else None,
+                tenant_id=int(tenant) if tenant.isascii() and tenant.isdigit() and len(tenant) < 19 else None,
                 tenant_ids=scope_list(tenant_scope(request)),
             ),
             [],

@@ -109,6 +109,6 @@ def _within_tenant_filter(request: HttpRequest, schedules: QuerySet) -> QuerySet
     """The tenant filter's tenant only, when one is picked: the schedules are then found through the tenant's own
     index (schedule_tenant_state) instead of among every tenant's."""
     value = request.GET.get(TenantFilter.parameter_name, "")
-    if value.isdigit() and int(value) <= BIGINT_MAX:
+    if value.isascii() and value.isdigit() and int(value) <= BIGINT_MAX:
         return schedules.filter(tenant_id=int(value))
     return schedules

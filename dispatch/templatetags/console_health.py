@@ -14,6 +14,7 @@ from django import template
 from django.db import connection
 
 from scheduler_project.health import assess, recent_health
+from tenants.access import sees_every_tenant
 
 register = template.Library()
 logger = logging.getLogger(__name__)
@@ -46,4 +47,7 @@ def console_health(context: dict[str, Any], fresh: bool = False) -> dict[str, An
         "show": fresh or not health.ok,
         "fresh": fresh,
         "headline": HEADLINES.get(health.status, health.status),
+        # The reasons name platform processes, the relay's backlog and the database: the platform's operators' to
+        # read. An operator scoped to some tenants gets the headline, as the dashboard shows them no process list.
+        "details": request is not None and sees_every_tenant(request),
     }

@@ -21,6 +21,7 @@ from core.choices import Kind
 from dispatch.services import registered_names
 from scheduler_project.console import operator_actor
 from schedules.admin.forms import ScheduleDefinitionForm
+from schedules.api.serializers import InstantInvalid, parse_instant
 from schedules.errors import QuotaExceeded, ScheduleInvalid, StateConflict
 from schedules.models import Schedule
 from schedules.services import create_schedule
@@ -129,6 +130,10 @@ class ScheduleAddForm(ScheduleDefinitionForm):
             )
 
 
+# The definition's instants, which the add page's date-time widgets show.
+INSTANT_FIELDS = ("run_at", "anchor_at", "start_at", "end_at")
+
+
 class ScheduleCreationMixin:
     """The schedule admin's add page: who may use it, its form and fields, and where a save lands."""
 
@@ -142,6 +147,18 @@ class ScheduleCreationMixin:
             tenants = scoped(request, Tenant.objects.exclude(schema_name="public"), "pk").order_by("slug")
             kwargs["form"] = ScheduleAddForm.for_operator(tenants, operator_actor(request))
         return super().get_form(request, obj, change, **kwargs)  # type: ignore[misc]
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        """Starting values from the query string (?name=...). An instant is taken only when it reads as one the
+        API accepts (the date-time widget would fail on any other text); anything else is left out."""
+        initial = super().get_changeform_initial_data(request)  # type: ignore[misc]
+        for field in INSTANT_FIELDS:
+            if field in initial:
+                try:
+                    initial[field] = parse_instant(initial[field])
+                except InstantInvalid:
+                    del initial[field]
+        return initial
 
     def get_readonly_fields(self, request: HttpRequest, obj: Schedule | None = None) -> Any:
         # On the add page the tenant is chosen; the stored row's other read-only fields do not exist yet.

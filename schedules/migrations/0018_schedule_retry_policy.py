@@ -20,14 +20,18 @@ class Migration(migrations.Migration):
             model_name="schedule",
             name="retry_base_seconds",
             field=models.IntegerField(
-                blank=True, null=True, help_text="Seconds; the first retry waits between half and all of it. Empty: the platform's default."
+                blank=True,
+                null=True,
+                help_text="Seconds; the first retry waits between half and all of it. Empty: the platform's default.",
             ),
         ),
         migrations.AddField(
             model_name="schedule",
             name="retry_cap_seconds",
             field=models.IntegerField(
-                blank=True, null=True, help_text="The longest wait between attempts, in seconds. Empty: the platform's default."
+                blank=True,
+                null=True,
+                help_text="The longest backoff between attempts, in seconds (the tenant's retry budget may delay a retry further). Empty: the platform's default.",
             ),
         ),
     ]

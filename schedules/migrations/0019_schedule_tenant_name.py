@@ -2,13 +2,14 @@
 others': this index serves that order (0.5 ms for a page over 1 M schedules, against 300-460 ms sorting them).
 
 Built CONCURRENTLY, outside a transaction (schedules is a shared app: this runs once, in the public schema): the
-build holds no reader or writer of the schedule table; it waits for the transactions older than it (a long report)
-and stalls nothing meanwhile. A build that failed leaves an INVALID index; running the migration again drops it and
-builds it anew, as `IF NOT EXISTS` alone would keep the broken one.
+build holds no reader or writer of the schedule table. It waits for the transactions older than it, at most 5 s for
+each (an idle transaction left open would otherwise stall it without end): past that the migration fails, leaving an
+INVALID index, and running it again drops that index and builds it anew (`IF NOT EXISTS` alone would keep it).
 """
 
 from django.db import migrations, models
 
+LOCK_TIMEOUT = "SET lock_timeout = '5s'"
 INDEX = "schedule_tenant_name"
 DEFINITION = "ON schedules_schedule (tenant_id, name, id)"
 
@@ -21,9 +22,16 @@ def build(apps, schema_editor) -> None:
         found = cursor.fetchone()
         if found is not None and found[0]:
             return
-        if found is not None:
-            cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX}")
-        cursor.execute(f"CREATE INDEX CONCURRENTLY {INDEX} {DEFINITION}")
+        # A concurrent build waits for every transaction older than it, an idle one too: at most 5 s for each, as
+        # every upkeep lock here waits, so an open transaction fails the migration (run it again) instead of
+        # stalling it without end. Session-level (no transaction here), so it is reset after.
+        cursor.execute(LOCK_TIMEOUT)
+        try:
+            if found is not None:
+                cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX}")
+            cursor.execute(f"CREATE INDEX CONCURRENTLY {INDEX} {DEFINITION}")
+        finally:
+            cursor.execute("RESET lock_timeout")
 
 
 def drop(apps, schema_editor) -> None:

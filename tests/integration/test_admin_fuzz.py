@@ -59,6 +59,8 @@ def schedule(tenant_a) -> Schedule:
     [
         {"tenant__id__exact": "abc"},
         {"tenant__id__exact": "99999999999999999999999"},
+        {"tenant__id__exact": "\u00b2"},  # a digit to str.isdigit(), not to int()
+        {"q": "\u00b2"},
         {"handler": "no\x00op"},
         {"state": "act\x00ive"},
         {"state__exact": "\x00"},
@@ -75,6 +77,12 @@ def schedule(tenant_a) -> Schedule:
 def test_a_bad_filter_value_is_refused_or_ignored_never_a_500(console, path, query):
     response = console.get(path, query)
     assert response.status_code < 500, (path, query)
+
+
+@pytest.mark.parametrize("field", ["run_at", "anchor_at", "start_at", "end_at"])
+@pytest.mark.parametrize("value", ["2026-12-06", "x", "2026-12-06T09:00:00Z", "\u00b2"])
+def test_the_add_page_takes_any_starting_value_in_its_query_string_without_a_500(console, field, value):
+    assert console.get("/admin/schedules/schedule/add/", {field: value}).status_code == 200, (field, value)
 
 
 def test_the_token_admin_of_the_public_schema_is_not_offered(console):

@@ -78,6 +78,18 @@ def test_a_stalled_materializer_is_a_banner_in_words_on_every_page_as_healthz_sa
     assert "Healthy: every process reports and fires go out on time." in console.get("/admin/").content.decode()
 
 
+def test_an_operator_scoped_to_tenants_gets_the_headline_without_the_platforms_details(tenant_a):
+    processes(materializer=123, relay=1)
+    scoped = member("scoped-health", READ_ONLY_GROUP, [tenant_a.tenant])
+
+    page = scoped.get("/admin/dispatch/occurrence/").content.decode()
+
+    status, lines = banner(scoped, "/admin/dispatch/occurrence/")
+    assert status == "degraded" and lines == []
+    assert "materializer" not in BANNER.search(page).group(0), "no process of the platform is named"
+    assert "The reasons are shown to the platform's operators" in page
+
+
 def test_a_relay_without_any_row_and_a_backlog_are_named(console, tenant_a):
     processes(materializer=1)
     schedule = schedule_for(tenant_a.tenant, name="backlog")
@@ -182,10 +194,10 @@ def timeline_of(client: Client, occurrence) -> str:
 def test_a_missed_fires_timeline_says_no_materializer_had_reported(console, missed_while_down):
     timeline = timeline_of(console, missed_while_down)
 
-    assert "No materializer reporting" in timeline
+    assert "No materializer heartbeat on record" in timeline
     assert (
-        "No materializer had reported for 400 s until materializer-new started, 300.000 s after its release: fires "
-        "were not planned meanwhile." in timeline
+        "No materializer heartbeat on record covers the 400 s until materializer-new started, 300.000 s after its "
+        "release: if none was running, fires were not planned meanwhile." in timeline
     )
     assert "(materializer-old)" in timeline
 
@@ -193,7 +205,7 @@ def test_a_missed_fires_timeline_says_no_materializer_had_reported(console, miss
 def test_a_missed_fires_timeline_says_nothing_of_outages_the_rows_do_not_tell(console, missed_while_down):
     # The old materializer's row is gone (it stopped cleanly, or was pruned): when the silence began is not known.
     ProcessHeartbeat.objects.filter(name="materializer-old").delete()
-    assert "reporting" not in timeline_of(console, missed_while_down)
+    assert "heartbeat on record" not in timeline_of(console, missed_while_down)
 
     # One was reporting when the fire fell due: whatever made it late, it was not a silent materializer.
     ProcessHeartbeat.objects.create(
@@ -208,4 +220,4 @@ def test_a_missed_fires_timeline_says_nothing_of_outages_the_rows_do_not_tell(co
         started_at=missed_while_down.scheduled_for - timedelta(hours=2),
         heartbeat_at=missed_while_down.scheduled_for - timedelta(seconds=100),
     )
-    assert "reporting" not in timeline_of(console, missed_while_down)
+    assert "heartbeat on record" not in timeline_of(console, missed_while_down)

@@ -208,6 +208,25 @@ def test_a_skip_the_overlap_policy_would_repeat_is_refused_until_the_sibling_is_
     assert OccurrenceRerun.objects.get().previous_state == "skipped_overlap"
 
 
+@pytest.mark.parametrize(("policy", "accepted"), [("skip_if_running", 1), ("queue_one", 2), ("allow", 4)])
+def test_re_running_many_fires_of_one_schedule_accepts_only_what_the_overlap_rule_will_run(tenant, policy, accepted):
+    """After an outage an operator re-runs every missed fire of a schedule: its overlap rule will meet the ones already
+    re-run before the next, though none runs yet. Only those it will run are accepted; the rest are refused now
+    rather than skipped again at claim (with a fresh skipped_overlap notification each)."""
+    schedule = late_schedule(tenant, overlap_policy=policy)
+    fires = [missed(schedule, minutes) for minutes in (40, 30, 20, 10)]
+    now = db_now()
+    done = 0
+    for fire in fires:
+        try:
+            rerun(fire, now=now)
+            done += 1
+        except RerunRefused as exc:
+            assert "waits" in str(exc)
+    assert done == accepted
+    assert OccurrenceRerun.objects.count() == accepted
+
+
 # --- the console -----------------------------------------------------------------------------------------------------
 
 
@@ -268,6 +287,21 @@ def test_bulk_rerun_lists_what_it_will_run_takes_a_note_and_runs_only_once_confi
         (second.pk, "post-incident rerun"),
     }
     assert OutboxMessage.objects.filter(occurrence_ids__overlap=[first.pk, second.pk]).count() == 2
+
+
+def test_a_confirmed_occurrence_that_left_the_lists_range_is_named_not_dropped_in_silence(console, tenant):
+    schedule = late_schedule(tenant)
+    recent, older = missed(schedule, 3), missed(schedule, 90)
+    chosen = {"action": "rerun_selected", ACTION_CHECKBOX_NAME: [str(recent.pk), str(older.pk)]}
+
+    # Confirmed on the last hour's list: the older fire is no longer in it (it left while the page was open).
+    done = console.post(
+        f"{OCCURRENCES}?scheduled_after=now-1h", {**chosen, "confirm": "yes", "note": "after the outage"}, follow=True
+    )
+
+    assert any("Nothing done to 1 listed occurrence(s) that have left the list's range" in t for t in texts(done))
+    assert any(str(older.pk) in t for t in texts(done))
+    assert [state_of(o)[0] for o in (recent, older)] == ["scheduled", "missed"]
 
 
 def test_a_read_only_operator_is_offered_no_rerun_and_an_operator_reruns_only_its_tenants_fires(tenant_a, tenant_b):

@@ -53,6 +53,9 @@ def test_the_interval_migration_gives_up_on_a_held_lock_then_applies_and_validat
         assert held.returncode != 0
         assert "lock timeout" in held.stderr
         blocker.rollback()
+        # The long transaction has ended; the blocker's reads from here on end with each statement (a transaction
+        # left open, even idle, would hold up the later migrations' concurrent index builds: test_index_migrations).
+        blocker.autocommit = True
         # Rolled back whole: no column was left behind on either table.
         assert "every_seconds" not in _columns(blocker, "schedules_schedule")
         assert "every_seconds" not in _columns(blocker, "schedules_schedulecursor")
@@ -60,7 +63,6 @@ def test_the_interval_migration_gives_up_on_a_held_lock_then_applies_and_validat
         free = manage_on(database_before_intervals, "migrate", "schedules", "--noinput")
 
         assert free.returncode == 0, free.stderr[-4000:]
-        blocker.rollback()
         for table in ("schedules_schedule", "schedules_schedulecursor"):
             assert {"every_seconds", "anchor_at"} <= _columns(blocker, table)
         validated, definition = blocker.execute(

@@ -26,7 +26,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("occurrence_id", nargs="?", help="replay this one dead occurrence")
-        parser.add_argument("--dead", action="store_true", help="replay every dead occurrence")
+        parser.add_argument(
+            "--dead",
+            action="store_true",
+            help="replay every dead occurrence in the DLQ (one an operator resolved is left)",
+        )
         parser.add_argument("--stuck", action="store_true", help="re-publish every stuck occurrence")
         parser.add_argument(
             "--older-than",
