@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.test import Client
 from rest_framework.test import APIClient
 
 from core.choices import ScheduleState
@@ -270,3 +271,10 @@ def test_a_list_refuses_a_query_parameter_it_does_not_know(api_a, path, query):
 def test_a_list_takes_its_filters_and_page(api_a):
     assert api_a.get("/api/v1/schedules/?state=active&name=x&handler=log&page=1").status_code == 200
     assert api_a.get("/api/v1/occurrences/?state=dead&scheduled_after=2026-01-01T00:00:00Z").status_code == 200
+
+
+@pytest.mark.parametrize("host", ["\\w,!?", "a b", "acme.localhost:abc", "[::1", ""])
+def test_a_host_header_that_names_no_host_is_a_json_404(db, host):
+    response = Client(HTTP_HOST=host).delete("/api/v1/calendars/x/")
+    assert response.status_code == 404 and response["Content-Type"] == "application/json"
+    assert "Host header" in response.json()["detail"]
