@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,31 @@ def page(browser) -> Iterator:
         context.close()
     assert outside == [], f"the console loaded {outside} from outside the machine"
     assert refused == [], f"the Content-Security-Policy refused: {refused}"
+
+
+def an_hour_of_fires(make_occurrence, heartbeat, report, now, *, dead_reason: str) -> tuple:
+    """What `make demo` shows after a while: a succeeded fire each minute of the last hour (with a small lag), one
+    missed fire and one dead one of `report`. Returns (missed, dead)."""
+    for minutes_ago in range(1, 55):
+        at = now - timedelta(minutes=minutes_ago)
+        lag = 0.04 + (minutes_ago % 7) * 0.01
+        make_occurrence(heartbeat, at=at, state="succeeded", enqueued_at=at + timedelta(seconds=lag))
+    missed_at = now - timedelta(minutes=30)
+    missed = make_occurrence(
+        report,
+        at=missed_at,
+        state="missed",
+        finished_at=missed_at + timedelta(seconds=700),
+        state_reason="late by 700 s > max lateness 60 s (skip)",
+    )
+    dead_at = now - timedelta(minutes=20)
+    dead = make_occurrence(
+        report,
+        at=dead_at,
+        state="dead",
+        enqueued_at=dead_at + timedelta(seconds=1),
+        finished_at=dead_at + timedelta(seconds=2),
+        attempt_count=5,
+        state_reason=dead_reason,
+    )
+    return missed, dead

@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 
 from core.clock import db_now
 from dispatch.models import Occurrence, ProcessHeartbeat
+from tests.browser.conftest import an_hour_of_fires
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.django_db(transaction=True)]
 PASSWORD = "browser-operator-password"
@@ -26,28 +27,7 @@ def demo_like(tenant_a, make_schedule, make_occurrence):
     # Due in about ten minutes whenever the test runs: the heartbeat's cursor (no materializer runs here) may slip
     # behind now at the next minute boundary, and the chart of fires due in the next hour must still have one.
     make_schedule(tenant, name="hourly-sync", cron=f"{(now + timedelta(minutes=10)).minute} * * * *", handler="log")
-    for minutes_ago in range(1, 55):
-        at = now - timedelta(minutes=minutes_ago)
-        lag = 0.04 + (minutes_ago % 7) * 0.01
-        make_occurrence(heartbeat, at=at, state="succeeded", enqueued_at=at + timedelta(seconds=lag))
-    missed_at = now - timedelta(minutes=30)
-    missed = make_occurrence(
-        report,
-        at=missed_at,
-        state="missed",
-        finished_at=missed_at + timedelta(seconds=700),
-        state_reason="late by 700 s > max lateness 60 s (skip)",
-    )
-    dead_at = now - timedelta(minutes=20)
-    dead = make_occurrence(
-        report,
-        at=dead_at,
-        state="dead",
-        enqueued_at=dead_at + timedelta(seconds=1),
-        finished_at=dead_at + timedelta(seconds=2),
-        attempt_count=5,
-        state_reason="attempts exhausted (5 of 5)",
-    )
+    missed, dead = an_hour_of_fires(make_occurrence, heartbeat, report, now, dead_reason="attempts exhausted (5 of 5)")
     ProcessHeartbeat.objects.all().delete()
     for role in ("materializer", "relay", "worker"):
         ProcessHeartbeat.objects.create(name=f"{role}-1", role=role, started_at=now, heartbeat_at=db_now())

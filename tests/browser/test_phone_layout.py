@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 from core.clock import db_now
 from dispatch.models import OutboxMessage, ProcessHeartbeat
 from schedules.calendars import create_calendar
-from tests.browser.conftest import SCREENSHOTS
+from tests.browser.conftest import SCREENSHOTS, an_hour_of_fires
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.django_db(transaction=True)]
 PASSWORD = "browser-phone-password"
@@ -48,27 +48,12 @@ def console(tenant_a, make_schedule, make_occurrence) -> dict[str, str]:
         timezone="Europe/Madrid",
         labels={"team": "payments-platform", "channel": "standup"},
     )
-    for minutes_ago in range(1, 55):
-        at = now - timedelta(minutes=minutes_ago)
-        lag = 0.04 + (minutes_ago % 7) * 0.01
-        make_occurrence(heartbeat, at=at, state="succeeded", enqueued_at=at + timedelta(seconds=lag))
-    missed_at = now - timedelta(minutes=30)
-    missed = make_occurrence(
+    missed, dead = an_hour_of_fires(
+        make_occurrence,
+        heartbeat,
         report,
-        at=missed_at,
-        state="missed",
-        finished_at=missed_at + timedelta(seconds=700),
-        state_reason="late by 700 s > max lateness 60 s (skip)",
-    )
-    dead_at = now - timedelta(minutes=20)
-    dead = make_occurrence(
-        report,
-        at=dead_at,
-        state="dead",
-        enqueued_at=dead_at + timedelta(seconds=1),
-        finished_at=dead_at + timedelta(seconds=2),
-        attempt_count=5,
-        state_reason="attempts exhausted (5 of 5): HTTP 503 from https://payments.example.com/hooks/standup-reminder",
+        now,
+        dead_reason="attempts exhausted (5 of 5): HTTP 503 from https://payments.example.com/hooks/standup-reminder",
     )
     calendar = create_calendar(
         tenant=tenant,
