@@ -5,6 +5,7 @@ logged under Recent actions and in the occurrence's history."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,14 +156,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
             return None
         if request.POST.get("confirm") != "yes":
             return self._confirmation(request, "replay_dead", selected)
-        replayed, refused = [], []
-        for occurrence in selected:
-            try:
-                replay_one(occurrence.occurrence_id)
-            except ReplayRefused as exc:
-                refused.append(str(exc))
-            else:
-                replayed.append(occurrence)
+        replayed, refused = each_of(selected, lambda o: replay_one(o.occurrence_id), ReplayRefused)
         log_changes(request, [(o, "Replayed from the dead-letter queue by a bulk action (same id).") for o in replayed])
         if replayed or not refused:
             messages.success(request, f"Replayed {len(replayed)} dead occurrence(s) under their own ids.")
@@ -179,14 +173,11 @@ class DeadLetterAdmin(admin.ModelAdmin):
         if not form.is_valid():
             return self._confirmation(request, "resolve_dead", selected, form=form)
         note, actor, now = form.cleaned_data["note"], operator_actor(request), db_now()
-        resolved, refused = [], []
-        for occurrence in selected:
-            try:
-                resolve_dead_occurrence(occurrence.occurrence_id, note=note, actor=actor, now=now)
-            except ResolveRefused as exc:
-                refused.append(str(exc))
-            else:
-                resolved.append(occurrence)
+        resolved, refused = each_of(
+            selected,
+            lambda o: resolve_dead_occurrence(o.occurrence_id, note=note, actor=actor, now=now),
+            ResolveRefused,
+        )
         log_changes(
             request, [(o, f"Resolved (out of the dead-letter queue) by a bulk action: {note}") for o in resolved]
         )
@@ -257,6 +248,22 @@ class DeadLetterAdmin(admin.ModelAdmin):
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/dispatch/occurrence/dead_letter_confirmation.html", context)
+
+
+def each_of(
+    selected: list[Occurrence], act: Callable[[Occurrence], object], refusal: type[Exception]
+) -> tuple[list[Occurrence], list[str]]:
+    """A bulk action's service call on each occurrence: those it was done to, and the refusals in words."""
+    done: list[Occurrence] = []
+    refused: list[str] = []
+    for occurrence in selected:
+        try:
+            act(occurrence)
+        except refusal as exc:
+            refused.append(str(exc))
+        else:
+            done.append(occurrence)
+    return done, refused
 
 
 def report_refusals(request: HttpRequest, what: str, refused: list[str]) -> None:

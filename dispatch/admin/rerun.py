@@ -16,7 +16,7 @@ from django.urls import path, reverse
 
 from core.clock import db_now
 from dispatch.admin.common import label_rows, labels_of, precise_utc
-from dispatch.admin.dlq import DeadLetterAdmin, Pending, report_refusals
+from dispatch.admin.dlq import DeadLetterAdmin, Pending, each_of, report_refusals
 from dispatch.dlq import NOTE_MAX_LENGTH
 from dispatch.models import Occurrence
 from dispatch.rerun import RERUNNABLE_STATES, RerunRefused, refusal_of, rerun_occurrence
@@ -96,14 +96,9 @@ class RerunAdmin(DeadLetterAdmin):
         if not form.is_valid():
             return self._rerun_confirmation(request, selected, form)
         note, actor, now = form.cleaned_data["note"], operator_actor(request), db_now()
-        done, refused = [], []
-        for occurrence in selected:
-            try:
-                rerun_occurrence(occurrence.occurrence_id, note=note, actor=actor, now=now)
-            except RerunRefused as exc:
-                refused.append(str(exc))
-            else:
-                done.append(occurrence)
+        done, refused = each_of(
+            selected, lambda o: rerun_occurrence(o.occurrence_id, note=note, actor=actor, now=now), RerunRefused
+        )
         log_changes(
             request, [(o, f"Run again under the same id by a bulk action (was {o.state}): {note}") for o in done]
         )
