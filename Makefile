@@ -16,7 +16,7 @@ TEST_WORKERS ?= 3
 # rewritten test modules there too (a third of collection time).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test test-fast test-long install services browser database migrate lint format clean
+.PHONY: demo test test-fast test-long test-cluster install services browser database migrate lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,12 +54,12 @@ demo: migrate
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider
 XDIST := -n $(TEST_WORKERS)
 
-# Lint, then every test but the long ones, against the real PostgreSQL and RabbitMQ. Under 5 minutes.
+# Lint, then every test but the long ones (and the cluster's), against the real PostgreSQL and RabbitMQ. Under 5 minutes.
 test: install services
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(PYTEST) --durations=15 $(XDIST) --maxschedchunk 1 -m "not long and not exclusive"
+	$(PYTEST) --durations=15 $(XDIST) --maxschedchunk 1 -m "not long and not exclusive and not cluster"
 
 # The long tier, which CI runs after make test: the crash matrix, every benchmark end to end and the console in
 # Chromium in parallel, then the tests that need the machine to themselves (they restart the shared broker or bound
@@ -67,6 +67,23 @@ test: install services
 test-long: install services browser
 	$(PYTEST) --durations=10 $(XDIST) --dist loadfile -m "long and not exclusive"
 	$(PYTEST) --durations=10 -m exclusive
+
+# The tests of tests/cluster (marked `cluster`; no other target selects them) against clusters of their own on this
+# machine, never the shared servers: three RabbitMQ nodes (scripts/cluster/rabbitmq.sh, ports 5681-5683) and a
+# PostgreSQL primary with a synchronous standby (scripts/cluster/postgres.sh, ports 5441-5442). They are started
+# first and removed at the end (stopped, their data and logs kept, when a test failed); -rA prints each test's
+# measurements (JSON lines). The tests' own DATABASE_URL and CELERY_BROKER_URL name the clusters (multi-host, failover
+# lists), so whatever Django or Celery does in them stays there too.
+test-cluster: export DATABASE_URL = $(shell bash scripts/cluster/postgres.sh url scheduler)
+test-cluster: export CELERY_BROKER_URL = $(shell bash scripts/cluster/rabbitmq.sh urls)
+test-cluster: install
+	@status=0; \
+	bash scripts/cluster/rabbitmq.sh start && bash scripts/cluster/postgres.sh start && \
+		$(PYTEST) --durations=10 -rA -m cluster tests/cluster || status=$$?; \
+	if [ $$status = 0 ]; then bash scripts/cluster/postgres.sh destroy; bash scripts/cluster/rabbitmq.sh destroy; \
+	else bash scripts/cluster/postgres.sh stop; bash scripts/cluster/rabbitmq.sh stop; \
+		echo "test-cluster failed: the clusters are stopped, their data and logs kept under $${SCHEDULER_CLUSTER_DIR:-$${TMPDIR:-/tmp}/scheduler-cluster} (destroy removes them)"; fi; \
+	exit $$status
 
 # The unit tier: no PostgreSQL, no RabbitMQ (their addresses point at a closed port, so a test that reached for one
 # fails instead of passing on this machine only), property tests at a tenth of their examples. Under 30 s.

@@ -6,10 +6,10 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
-import dj_database_url
 from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
+from scheduler_project.database_url import platform_database
 from scheduler_project.env import env_bool, env_fernet_keys, env_float, env_int, env_list, env_rate, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -121,23 +121,14 @@ TEMPLATES = [
 
 WSGI_APPLICATION = "scheduler_project.wsgi.application"
 
-_database = dj_database_url.parse(
-    env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/scheduler"),
-    conn_max_age=env_int("SCHEDULER_DB_CONN_MAX_AGE", 60, minimum=0),
-)
-if _database["ENGINE"] != "django.db.backends.postgresql":
-    raise ImproperlyConfigured("DATABASE_URL must point at PostgreSQL (postgres://...).")
-_database["ENGINE"] = "django_tenants.postgresql_backend"
-# Persistent connections are checked before reuse: after a PostgreSQL restart or failover a request (or a worker
-# thread) gets a fresh connection instead of an error from the dead one.
-_database["CONN_HEALTH_CHECKS"] = True
-# No JIT compilation on the platform's connections. Its statements are short, and their generic plans (prepared
-# statements, after five runs) estimate from arrays of unknown length, often above jit_above_cost: the settle
-# statement then spent 3.5 s compiling for 5 ms of work, every run (docs/DESIGN.md "No JIT"). The relay's own
-# connections take the same options (dispatch/sql/__init__.py database_conninfo).
-_database_options = _database.setdefault("OPTIONS", {})
-_database_options["options"] = f"{_database_options.get('options', '')} -c jit=off".strip()
-DATABASES = {"default": _database}
+# One server, or a primary and its standbys in libpq's multi-host form: every connection then finds the primary by
+# itself, after a failover too. Checked, with health checks and jit=off (scheduler_project/database_url.py).
+DATABASES = {
+    "default": platform_database(
+        env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/scheduler"),
+        conn_max_age=env_int("SCHEDULER_DB_CONN_MAX_AGE", 60, minimum=0),
+    )
+}
 DATABASE_ROUTERS = ["django_tenants.routers.TenantSyncRouter"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -13,6 +13,8 @@ from typing import Any
 
 from django.db import connection
 
+from scheduler_project.database_url import database_url as scheduler_database_url
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -58,12 +60,7 @@ def children_rss_peak_mb(pid: int) -> float | None:
 
 def database_url() -> str:
     """This process's database as a DATABASE_URL, so the processes a benchmark starts use the same one."""
-    params = connection.settings_dict
-    user = params.get("USER") or "postgres"
-    password = f":{params['PASSWORD']}" if params.get("PASSWORD") else ""
-    host = params.get("HOST") or "127.0.0.1"
-    port = params.get("PORT") or 5432
-    return f"postgres://{user}{password}@{host}:{port}/{params['NAME']}"
+    return scheduler_database_url(connection.settings_dict)
 
 
 def result_line(result: dict[str, Any]) -> str:

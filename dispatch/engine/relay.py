@@ -28,9 +28,9 @@ import psycopg
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from django.conf import settings
 
-from core.clock import DB_NOW
 from dispatch import counters
 from dispatch.engine import loop, relay_claims
+from dispatch.engine.brokers import BrokerNodes, safe
 from dispatch.engine.faults import crash_point
 from dispatch.engine.loop import Outage, StopFlag, default_process_name, run_loop_async
 from dispatch.engine.publishing import (
@@ -54,9 +54,6 @@ from dispatch.timer import RUNNING, Claimed, PriorityTimer
 logger = logging.getLogger(__name__)
 
 ROLE = "relay"
-# Mapping PostgreSQL's clock onto the monotonic one: a trip this quick is exact enough, else the quickest of a few.
-CLOCK_ANCHOR_GOOD_ENOUGH = 0.002
-CLOCK_ANCHOR_TRIES = 3
 
 
 @dataclass
@@ -82,12 +79,15 @@ class Relay:
         self.name = name or default_process_name(ROLE)
         self.batch_size = batch_size or settings.SCHEDULER_RELAY_BATCH
         self.settle_batch = settle_batch or settings.SCHEDULER_SETTLE_BATCH
-        self.broker_url = broker_url or settings.CELERY_BROKER_URL
         self.conninfo = conninfo or database_conninfo()
         self.max_idle = settings.SCHEDULER_RELAY_MAX_IDLE_SECONDS
         self.stage_seconds = settings.SCHEDULER_RELAY_STAGE_SECONDS
         self.flexible_min_share = settings.SCHEDULER_FLEXIBLE_MIN_SHARE
         self.publish_timeout = settings.SCHEDULER_RELAY_PUBLISH_TIMEOUT_SECONDS
+        # One node, or a cluster's nodes `;`-separated: the relay moves to the next one when its node is lost.
+        self.brokers = BrokerNodes(
+            broker_url or settings.CELERY_BROKER_URL, self._open_broker, close_timeout=self.publish_timeout
+        )
         # The most fires one message carries when small envelopes due together share it (an envelope's own size).
         self.bundle_fires = settings.SCHEDULER_ENVELOPE_SIZE
         self.lease_seconds = settings.SCHEDULER_RELAY_LEASE_SECONDS
@@ -128,21 +128,6 @@ class Relay:
         row = await (await self.db.execute(query, params)).fetchone()
         return row[0] if row is not None else None
 
-    async def _clock_anchor(self) -> tuple[datetime, float]:
-        """A PostgreSQL instant and its monotonic reading (the round trip's midpoint; the quickest trip of a few).
-        Release instants and confirmation stamps are mapped through it: its error is the SLO metric's error."""
-        best: tuple[float, datetime, float] | None = None
-        for _ in range(CLOCK_ANCHOR_TRIES):
-            sent = time.monotonic()
-            at = await self._scalar(DB_NOW)
-            back = time.monotonic()
-            if best is None or back - sent < best[0]:
-                best = (back - sent, at, (sent + back) / 2)
-            if best[0] <= CLOCK_ANCHOR_GOOD_ENOUGH:
-                break
-        assert best is not None  # CLOCK_ANCHOR_TRIES >= 1
-        return best[1], best[2]
-
     async def connect(self) -> None:
         """Open what is not open (or broken): PostgreSQL, the broker, a confirming channel, the lanes' queues."""
         if self._db is None or self._db.closed or self._db.broken:
@@ -153,10 +138,12 @@ class Relay:
             self._db = await psycopg.AsyncConnection.connect(self.conninfo, application_name=self.name, autocommit=True)
             self.owner = await self._scalar("SELECT current_setting('application_name')")
             self._invalidation_mark = await self._scalar(outbox_sql.INVALIDATION_MARK)
+        # With a cluster: the robust connection would wait for its own lost node forever; another node serves now.
+        if self._broker is not None and self.brokers.must_leave(self._broker):
+            lost, self._broker, self._channel, self._queues_declared = self._broker, None, None, False
+            await self.brokers.leave(lost)
         if self._broker is None:
-            self._broker = await aio_pika.connect_robust(
-                self.broker_url, client_properties={"connection_name": self.name}, timeout=self.publish_timeout
-            )
+            self._broker = await self.brokers.connect()
         if broker_blocked(self._broker):
             raise BrokerBlocked("RabbitMQ has blocked the relay's connection (a memory or disk alarm)")
         if self._channel is None or self._channel.is_closed:
@@ -168,6 +155,13 @@ class Relay:
             await self.declare_queues()
             self._queues_declared = True
             logger.info("relay %s connected; queues declared", self.name, extra={"action": "connect"})
+
+    async def _open_broker(self, url: str) -> AbstractRobustConnection:
+        broker = await aio_pika.connect_robust(
+            url, client_properties={"connection_name": self.name}, timeout=self.publish_timeout
+        )
+        logger.info("relay %s connected to broker %s", self.name, safe(url), extra={"action": "connect"})
+        return broker
 
     async def declare_queues(self) -> None:
         """Declare the lanes' queues (idempotent): also after a failed publish, since a deleted queue is the
@@ -335,7 +329,7 @@ class Relay:
     ) -> None:
         """Step 3: publish each staged envelope at its instant. Fills `stamps` (confirmation instants), `refused`
         (nacked or returned: backs off alone) and `broken` (the connection's failures: the release stops there)."""
-        anchor_db, anchor_mono = await self._clock_anchor()
+        anchor_db, anchor_mono = await relay_claims.clock_anchor(self.db)
         timer = PriorityTimer(workers=1)
         for envelope in staged.values():
             release_at = anchor_mono + (envelope.available_at - anchor_db).total_seconds()
@@ -468,8 +462,12 @@ class Relay:
         return wait if self._throttled_for is None else max(wait, self._throttled_for)
 
     def _forget_broken(self, exc: BaseException) -> None:
-        """After a failed step: declare the queues again and reopen a closed channel before the next try."""
+        """After a failed step: declare the queues again and reopen a closed channel before the next try. With a
+        cluster, a step none of whose publishes was confirmed (and no alarm blocked) leaves the node: a frozen or
+        partitioned node keeps its TCP connection open but confirms nothing."""
         self._queues_declared = False
+        if isinstance(exc, PublishFailed) and not isinstance(exc, BrokerBlocked):
+            self.brokers.unconfirmed()
         if self._channel is not None and self._channel.is_closed:
             self._channel = None
 

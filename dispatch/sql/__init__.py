@@ -123,15 +123,23 @@ _PLACEHOLDER = re.compile(r"(?<!%)%(?:\(\w+\))?s")
 
 def database_conninfo() -> str:
     """The Django connection's parameters (the test database under pytest) as a libpq conninfo string: the relay's
-    and the settler's own connections, outside the ORM, take the same options."""
+    and the settler's own connections, outside the ORM, take the same options, and the same servers the same way (a
+    multi-host HOST with target_session_attrs follows the primary after a failover, docs/DEPLOYMENT.md)."""
     from django.db import connection
 
+    from scheduler_project.database_url import libpq_parameters
+
     params = connection.settings_dict
+    options = params.get("OPTIONS", {})
+    # The libpq parameters among OPTIONS (target_session_attrs, connect_timeout, sslmode...); Django's own keys
+    # (isolation_level, pool...) are not libpq's and stay out.
+    libpq = {key: str(value) for key, value in options.items() if key in libpq_parameters()}
     return psycopg.conninfo.make_conninfo(
         dbname=params["NAME"],
         user=params.get("USER") or None,
         password=params.get("PASSWORD") or None,
         host=params.get("HOST") or None,
         port=str(params["PORT"]) if params.get("PORT") else None,
-        options=params.get("OPTIONS", {}).get("options") or None,
+        options=options.get("options") or None,
+        **libpq,
     )

@@ -10,6 +10,8 @@ from typing import Any
 
 from django.db import connection
 
+from scheduler_project.database_url import database_url
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -19,8 +21,7 @@ def process_env(**overrides: str) -> dict[str, str]:
     return {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "scheduler_project.settings_test",
-        "DATABASE_URL": f"postgres://{params.get('USER') or 'postgres'}@{params.get('HOST') or '127.0.0.1'}:"
-        f"{params.get('PORT') or 5432}/{params['NAME']}",
+        "DATABASE_URL": database_url(params),
         "SCHEDULER_LOG_LEVEL": "INFO",
         **overrides,
     }
