@@ -10,6 +10,7 @@ from scheduler_project.console_site import tidy_index
 from scheduler_project.health import healthz
 from scheduler_project.metrics import metrics
 from scheduler_project.metrics_page import console_metrics
+from scheduler_project.unavailable import console_server_error
 
 # API tokens live in each tenant's own schema; the public schema (this host's) has no token table, so the admin that
 # rest_framework.authtoken registers would be a page that can only fail. It registers itself last (its app comes
@@ -28,3 +29,5 @@ urlpatterns = [
     # Pages without an icon link (/metrics as text, an API answer opened in a browser) still ask for this one.
     path("favicon.ico", RedirectView.as_view(url=static("schedules/favicon.svg"), permanent=True)),
 ]
+
+handler500 = console_server_error

@@ -4,6 +4,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 
 from scheduler_project.health import healthz
+from scheduler_project.unavailable import api_server_error
 
 urlpatterns = [
     path("api/v1/", include("schedules.api.urls")),
@@ -18,3 +19,4 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> JsonR
 
 
 handler404 = not_found
+handler500 = api_server_error

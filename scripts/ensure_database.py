@@ -1,20 +1,26 @@
-"""Creates the database named in DATABASE_URL when it does not exist yet (migrate needs it to exist)."""
+"""Creates the database named in DATABASE_URL when it does not exist yet (migrate needs it to exist). A multi-host URL
+(a primary and its standbys, docs/DEPLOYMENT.md) is read the way the platform reads it: the database is created on
+the primary, whichever host that is now."""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
-import dj_database_url
 import psycopg
 from psycopg import sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from scheduler_project.database_url import libpq_parameters, parse_database_url
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/scheduler"
 
 
 def main() -> int:
-    config = dj_database_url.parse(os.environ.get("DATABASE_URL", DEFAULT_URL))
+    config = parse_database_url(os.environ.get("DATABASE_URL", DEFAULT_URL))
     name = config["NAME"]
+    options = config.get("OPTIONS") or {}
     params = {
         "host": config.get("HOST") or "127.0.0.1",
         "port": config.get("PORT") or 5432,
@@ -23,6 +29,7 @@ def main() -> int:
         "dbname": "postgres",
         "autocommit": True,
         "connect_timeout": 10,
+        **{key: value for key, value in options.items() if key in libpq_parameters()},
     }
     try:
         with psycopg.connect(**params) as conn:

@@ -26,6 +26,7 @@ from kombu import Connection as BrokerConnection
 from tqdm import tqdm
 
 from core.clock import db_now
+from dispatch.bench.faults import Fault, through_failover
 from dispatch.bench.measure import BurstMeasurements
 from dispatch.bench.processes import PROJECT_ROOT, children_rss_peak_mb, database_url, start_child
 from dispatch.bench.rows import (
@@ -67,6 +68,8 @@ class BurstConfig:
     horizon_seconds: float | None = None
     # Dates of a holiday calendar each tenant gets and every due schedule names (0: none), from the day after T0.
     calendar_dates: int = 0
+    # A shell command that strikes at T0, beside the run: a node lost mid-burst (dispatch/bench/faults.py).
+    fault: str | None = None
 
 
 class BurstBenchmark(BurstMeasurements):
@@ -382,8 +385,11 @@ class BurstBenchmark(BurstMeasurements):
         inserted_before = self.occurrences_inserted()
         self.start_processes(self.horizon)
         peaks: dict[str, float | None] = {}
+        fault = Fault(config.fault) if config.fault else None
         try:
             materialized_at = self._wait_materialized(t0, inserted_before)
+            if fault is not None:
+                fault.start_before(t0, self.say)
             confirmed = self._wait_confirmed(t0)
             if config.lane == "flexible":
                 time.sleep(1)
@@ -427,6 +433,8 @@ class BurstBenchmark(BurstMeasurements):
             result["lag_vs_available_p99_s"] = flex["lag_p99_s"]
             result["lag_vs_available_max_s"] = flex["lag_max_s"]
         result.update(after)
+        if fault is not None:
+            result["fault"] = fault.finish()
         if not config.keep:
             self.cleanup()
         return result
@@ -460,10 +468,10 @@ class BurstBenchmark(BurstMeasurements):
         )
         with tqdm(total=total, desc="confirmed by broker", unit="occ", file=self.out, mininterval=2) as bar:
             while True:
-                confirmed = max(bar.n, self.confirmed_fires())
+                confirmed = max(bar.n, through_failover(self.confirmed_fires))
                 bar.update(confirmed - bar.n)
                 # Settling deletes confirmed envelopes once nothing is due, so "none left unpublished" also ends it.
-                if confirmed >= total or self.unpublished == 0 or db_now() > deadline:
+                if confirmed >= total or self.unpublished == 0 or through_failover(db_now) > deadline:
                     return confirmed
                 self._check_alive()
                 time.sleep(0.25)

@@ -28,7 +28,9 @@ from tqdm import tqdm
 from core.clock import db_now
 from dispatch.bench.burst import BurstBenchmark, BurstConfig
 from dispatch.bench.effects import EFFECT_HANDLER, effects, ensure_effects_table
+from dispatch.bench.faults import through_failover
 from dispatch.bench.processes import PROJECT_ROOT, children_rss_peak_mb, start_child
+from dispatch.reconcile import reconcile
 
 # Short occurrence leases, so the work of a killed worker is reaped and retried within seconds.
 DRAIN_WORKER_LEASE_SECONDS = 5
@@ -114,9 +116,9 @@ class DrainBenchmark(BurstBenchmark):
         deadline = t0 + timedelta(seconds=self.config.drain_deadline_seconds)
         with tqdm(total=total, desc="executed", unit="occ", file=self.out, mininterval=2) as bar:
             while True:
-                done = self._terminal()
+                done = through_failover(self._terminal)
                 bar.update(done - bar.n)
-                if done >= total or db_now() > deadline:
+                if done >= total or through_failover(db_now) > deadline:
                     return
                 self._check_alive()
                 time.sleep(1.0)
@@ -200,4 +202,18 @@ class DrainBenchmark(BurstBenchmark):
         stats["broker_messages"] = None
         stats["workers"] = self.config.workers
         stats["killed"] = self.killed
+        stats["reconcile"] = self.reconcile(t0)
         return stats
+
+    @staticmethod
+    def reconcile(t0: datetime) -> dict[str, Any]:
+        """`manage.py reconcile` over the burst's instant, every fire materialized and run (so no grace): the
+        fires owed by the schedules' versions against the rows, and any stuck on the way."""
+        report = through_failover(lambda: reconcile(since=t0, until=t0 + timedelta(seconds=1), grace_seconds=0))
+        return {
+            "ok": report.ok,
+            "expected": report.expected,
+            "missing": report.missing,
+            "stuck": report.stuck,
+            "unexpected": report.unexpected,
+        }

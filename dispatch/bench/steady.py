@@ -224,6 +224,7 @@ class SteadyBenchmark(DrainBenchmark):
             "bursts": len(self.bursts),
             "period_s": config.period_seconds,
             "workers": config.workers,
+            "queue_type": config.queue_type,
             "concurrency": config.concurrency,
             **steady_stats(self, readings),
             "peak_rss_mb": peaks,

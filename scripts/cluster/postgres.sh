@@ -11,6 +11,8 @@
 #   scripts/cluster/postgres.sh conninfo [DB]    the same as a libpq conninfo string
 #   scripts/cluster/postgres.sh kill-primary     SIGKILL the primary's postmaster and every backend of it (a machine lost)
 #   scripts/cluster/postgres.sh promote          promote the standby (pg_ctl promote), then stop waiting for a standby
+#   scripts/cluster/postgres.sh failover         kill-primary, then promote (a machine lost and taken over)
+#       kill-primary and failover take `--at EPOCH`: the kill waits for that instant (scripts/cluster/at.sh)
 #   scripts/cluster/postgres.sh rebuild-standby  make the node that is not primary a fresh standby of the primary
 #
 # Both nodes carry `synchronous_standby_names = 'ANY 1 (pg1, pg2)'` and `synchronous_commit = on`, each streams under
@@ -23,6 +25,8 @@
 # server's programs, default /usr/lib/postgresql/15/bin, else pg_config's). As root, everything runs as the postgres
 # user (initdb and the server refuse root).
 set -euo pipefail
+# shellcheck source=scripts/cluster/at.sh
+. "$(dirname "$0")/at.sh"
 
 BASE="${SCHEDULER_CLUSTER_DIR:-${TMPDIR:-/tmp}/scheduler-cluster}/postgres"
 PORT_BASE="${SCHEDULER_CLUSTER_PG_PORT:-5440}"
@@ -267,9 +271,10 @@ cmd_conninfo() {
 }
 
 cmd_kill_primary() {
-  local p pid children
+  local at=${1:-} p pid children
   p="$(primary)" || { echo "error: no primary is running" >&2; exit 1; }
   pid="$(head -n 1 "$(node_dir "$p")/postmaster.pid")"
+  sleep_until "$at"
   # The postmaster and its children at the same instant, as a machine's loss: no backend gets to finish a reply.
   # Only this cluster's processes, by pid (the machine's shared server runs the same programs).
   children="$(pgrep -P "$pid" | tr '\n' ' ' || true)"
@@ -294,6 +299,12 @@ cmd_promote() {
   echo "PostgreSQL: pg$n promoted; it is the primary (synchronous replication off until rebuild-standby)"
 }
 
+# What an operator (or pg_auto_failover) does when the primary's machine is lost: the standby takes over at once.
+cmd_failover() {
+  cmd_kill_primary "${1:-}"
+  cmd_promote
+}
+
 cmd_rebuild_standby() {
   local p s
   p="$(primary)" || { echo "error: no primary is running" >&2; exit 1; }
@@ -311,11 +322,12 @@ case "${1:-}" in
   status) cmd_status ;;
   url) cmd_url "${2:-}" ;;
   conninfo) cmd_conninfo "${2:-}" ;;
-  kill-primary) cmd_kill_primary ;;
+  kill-primary) cmd_kill_primary "$(parse_at "$@")" ;;
+  failover) cmd_failover "$(parse_at "$@")" ;;
   promote) cmd_promote ;;
   rebuild-standby) cmd_rebuild_standby ;;
   *)
-    sed -n '2,22p' "$0" >&2
+    sed -n '2,24p' "$0" >&2
     exit 2
     ;;
 esac

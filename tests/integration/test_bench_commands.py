@@ -47,7 +47,19 @@ BENCHES: dict[str, tuple[str, ...]] = {
         *("burst", "--schedules", "300", "--tenants", "3", "--calendar-dates", "3"),
         *("--lags-out", str(LAGS_DIR / "burst.txt"), *TINY),
     ),
-    "drain": ("drain", "--occurrences", "300", "--workers", "1", "--concurrency", "2", *TINY),
+    # A fault command that strikes nothing: it runs beside the drain, with T0 in its environment.
+    "drain": (
+        "drain",
+        "--occurrences",
+        "300",
+        "--workers",
+        "1",
+        "--concurrency",
+        "2",
+        "--fault",
+        'echo "at $T0"',
+        *TINY,
+    ),
     "fairness": ("fairness", "--big", "300", "--small", "30", *TINY),
     "fleet": ("fleet", "--schedules", "40"),
     "steady": ("steady", "--rate", "20", "--tenants", "10", "--minutes", "0.5", "--horizon", "10"),
@@ -207,6 +219,9 @@ def test_drain_ran_every_fire_once_through_a_real_worker(bench_runs):
     assert {"materializer-1", "relay-1", "worker-1"} <= set(result["peak_rss_mb"])
     assert result["executed_per_s"] > 0
     assert 0 <= result["start_lag_p50_s"] <= result["start_lag_p99_s"]
+    assert result["reconcile"] == {"ok": True, "expected": 300, "missing": 0, "stuck": 0, "unexpected": 0}
+    # Started before T0 with the burst instant in its environment (a whole minute: the bench's T0 is one).
+    assert result["fault"]["exit"] == 0 and result["fault"]["output"][-1].endswith(".000"), result["fault"]
 
 
 def test_fairness_measured_both_tenants_apart(bench_runs):

@@ -14,6 +14,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from core.clock import db_now
 from dispatch import reconcile as reconcile_module
 from dispatch.engine.materializer import Materializer
 from dispatch.history import VersionSpan, expected_fires, version_spans
@@ -211,6 +212,20 @@ def test_fires_younger_than_the_grace_period_are_not_gaps(tenant_a, create):
     assert report.expected == report.missing == 8
 
 
+def test_the_command_checks_up_to_until_with_no_grace(tenant_a, create):
+    """After a burst every process has caught up with, an operator reconciles the last minutes with --grace 0."""
+    now = db_now()
+    create(tenant_a.tenant, now - timedelta(hours=1), kind="cron", cron="* * * * *")  # nothing materialized
+    window = ("--since", (now - timedelta(minutes=10)).isoformat(), "--until", now.isoformat(), "--json")
+
+    _, default = run_command(*window)
+    _, no_grace = run_command(*window, "--grace", "0")
+
+    assert json.loads(default)["checked_until"] < json.loads(no_grace)["checked_until"] == json.loads(no_grace)["until"]
+    # The two minutes the default grace leaves out are gaps too (nothing was ever materialized).
+    assert json.loads(no_grace)["missing"] == json.loads(default)["missing"] + 2
+
+
 def test_other_tenants_are_left_out_when_a_tenant_is_given(tenant_a, tenant_b, create):
     create(tenant_b.tenant, T0, kind="cron", cron="0 * * * *")  # never materialized: globex is all gaps
 
@@ -351,6 +366,8 @@ def test_new_york_0130_expects_one_fire_on_the_fall_back_day():
         (("--since", "2026-06-02T00:00:00Z", "--until", "2026-06-01T00:00:00Z"), "must be before"),
         (("--since", "2026-06-01T00:00:00Z", "--until", "2026-06-01T00:00:00+00:00"), "must be before"),
         (("--since", "2026-06-01T00:00:00Z", "--until", "2026-06-02T00:00:00Z", "--tenant", "nope"), "Unknown tenant"),
+        (("--since", "2026-06-01T00:00:00Z", "--until", "2026-06-02T00:00:00Z", "--grace", "-1"), "--grace must be"),
+        (("--since", "2026-06-01T00:00:00Z", "--until", "2026-06-02T00:00:00Z", "--grace", "inf"), "--grace must be"),
     ],
 )
 def test_reconcile_command_refuses_bad_input_with_a_clear_message(tenant_a, args, message):

@@ -62,9 +62,6 @@ class Command(BaseCommand):
             help="keep the idle schedules for the next run, and reuse an earlier run's when as many are stored",
         )
         burst.add_argument("--lags-out", type=Path, default=None, help="write each fire's lag (s), one per line")
-        burst.add_argument(
-            "--queue-type", choices=["classic", "quorum"], default="classic", help="RabbitMQ queue type of the lanes"
-        )
         drain = sub.add_parser("drain", help="the burst through real workers: execution rate and lag to the effect")
         drain.add_argument("--occurrences", type=int, required=True, help="fires due at the same instant")
         drain.add_argument("--workers", type=int, default=1, help="Celery worker processes")
@@ -100,6 +97,22 @@ class Command(BaseCommand):
         )
         steady.add_argument("--series-out", type=Path, default=None, help="write the sampled series as CSV")
         steady.add_argument("--keep", action="store_true", help="keep the bench rows for inspection")
+        for lane_bench in (burst, drain, steady):
+            lane_bench.add_argument(
+                "--queue-type",
+                choices=["classic", "quorum"],
+                default="classic",
+                help="RabbitMQ queue type of the lanes",
+            )
+        for fault_bench in (burst, drain):
+            fault_bench.add_argument(
+                "--fault",
+                metavar="COMMAND",
+                default=None,
+                help="a shell command started 10 s before the burst instant with that instant in $T0 (epoch seconds), "
+                "run beside the run: a node lost mid-burst, e.g. 'scripts/cluster/postgres.sh failover --at $T0' "
+                "(docs/DEPLOYMENT.md)",
+            )
         for process_bench in (burst, drain, fair, steady):
             process_bench.add_argument(
                 "--horizon",
@@ -165,6 +178,7 @@ class Command(BaseCommand):
             queue_type=options["queue_type"],
             horizon_seconds=horizon_option(options),
             calendar_dates=options["calendar_dates"],
+            fault=options["fault"],
         )
         if not 0 <= config.calendar_dates <= 5000:
             raise CommandError("--calendar-dates must be between 0 and 5000 (a calendar's most)")
@@ -189,6 +203,8 @@ class Command(BaseCommand):
             deadline_seconds=options["deadline"],
             drain_deadline_seconds=options["deadline"],
             horizon_seconds=horizon_option(options),
+            queue_type=options["queue_type"],
+            fault=options["fault"],
         )
         bench = DrainBenchmark(config, out=self.stdout)
         bench.handler = options["handler"]
@@ -256,6 +272,7 @@ class Command(BaseCommand):
             series_out=str(series_out) if series_out else None,
             keep=options["keep"],
             horizon_seconds=horizon_option(options),
+            queue_type=options["queue_type"],
         )
         try:
             result = SteadyBenchmark(config, out=self.stdout).run()

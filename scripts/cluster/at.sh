@@ -1,0 +1,24 @@
+# Sourced by the cluster scripts: `--at EPOCH` on a fault command (a kill, a failover) defers its blow until that
+# instant (seconds since the epoch, fractions allowed), after everything slow (finding the leader or the primary)
+# is done. `bench burst --fault` starts its command before the burst instant with T0 in its environment, so a node is
+# lost while the burst is in flight, not a rabbitmqctl start-up later (dispatch/bench/faults.py).
+
+# sleep_until EPOCH: return at that instant (at once when it is past or empty).
+sleep_until() {
+  local at=${1:-} delay
+  [ -n "$at" ] || return 0
+  delay="$(awk -v at="$at" -v now="$(date +%s.%N)" 'BEGIN { d = at - now; printf "%.3f", (d > 0 ? d : 0) }')"
+  sleep "$delay"
+}
+
+# parse_at ARGS...: the EPOCH of `--at EPOCH` among the arguments, or nothing.
+parse_at() {
+  while [ $# -gt 0 ]; do
+    if [ "$1" = --at ]; then
+      [ -n "${2:-}" ] || { echo "error: --at needs an instant (seconds since the epoch)" >&2; exit 2; }
+      echo "$2"
+      return 0
+    fi
+    shift
+  done
+}
