@@ -66,6 +66,34 @@ class Fleet:
         self.processes.append((process, log))
         return process
 
+    def materializer(self, **env: str) -> subprocess.Popen:
+        """`manage.py materialize` under a name of its own (its heartbeat and shard leases carry it)."""
+        log = _log_file("materializer")
+        with log.open("wb") as out:
+            process = manage(
+                "materialize",
+                "--name",
+                f"fleet-materializer-{uuid.uuid4().hex[:6]}",
+                env=self.env(**env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.processes.append((process, log))
+        return process
+
+    def web(self, port: int, **env: str) -> subprocess.Popen:
+        """The web process as the Procfile runs it (gunicorn, one worker process with threads) on 127.0.0.1:`port`,
+        in a session of its own (its worker process goes with it)."""
+        command = [sys.executable, "-m", "gunicorn", "scheduler_project.wsgi", "--bind", f"127.0.0.1:{port}"]
+        command += ["--workers", "1", "--threads", "4"]
+        log = _log_file("web")
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                command, env=self.env(**env), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.processes.append((process, log))
+        return process
+
     def worker(self, concurrency: int = 2, **env: str) -> subprocess.Popen:
         """`celery -A scheduler_project worker -c <concurrency>` in a session of its own (its pool goes with it)."""
         command = [sys.executable, "-m", "celery", "-A", "scheduler_project", "worker", "--pool=prefork"]
