@@ -11,11 +11,13 @@ sleep_until() {
   sleep "$delay"
 }
 
-# parse_at ARGS...: the EPOCH of `--at EPOCH` among the arguments, or nothing.
-parse_at() {
+# option_value NAME ARGS...: the value given to option NAME (`--at`, `--for`) among the arguments, or nothing.
+option_value() {
+  local name=$1
+  shift
   while [ $# -gt 0 ]; do
-    if [ "$1" = --at ]; then
-      [ -n "${2:-}" ] || { echo "error: --at needs an instant (seconds since the epoch)" >&2; exit 2; }
+    if [ "$1" = "$name" ]; then
+      [ -n "${2:-}" ] || { echo "error: $name needs a value" >&2; exit 2; }
       echo "$2"
       return 0
     fi

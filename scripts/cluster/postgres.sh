@@ -322,12 +322,12 @@ case "${1:-}" in
   status) cmd_status ;;
   url) cmd_url "${2:-}" ;;
   conninfo) cmd_conninfo "${2:-}" ;;
-  kill-primary) cmd_kill_primary "$(parse_at "$@")" ;;
-  failover) cmd_failover "$(parse_at "$@")" ;;
+  kill-primary) cmd_kill_primary "$(option_value --at "$@")" ;;
+  failover) cmd_failover "$(option_value --at "$@")" ;;
   promote) cmd_promote ;;
   rebuild-standby) cmd_rebuild_standby ;;
   *)
-    sed -n '2,24p' "$0" >&2
+    sed -n '2,26p' "$0" >&2
     exit 2
     ;;
 esac

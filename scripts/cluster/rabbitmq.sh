@@ -13,6 +13,8 @@
 #   scripts/cluster/rabbitmq.sh pause NODE       SIGSTOP it (a partitioned node: alive but silent); `resume NODE` ends it
 #   scripts/cluster/rabbitmq.sh rejoin NODE      start a killed node again on its data: it rejoins the cluster by itself
 #   scripts/cluster/rabbitmq.sh leader QUEUE     the node leading a quorum queue
+#   scripts/cluster/rabbitmq.sh kill-leader QUEUE [--at EPOCH]                 kill the node leading QUEUE (at EPOCH)
+#   scripts/cluster/rabbitmq.sh pause-leader QUEUE [--at EPOCH] [--for SECONDS]  pause it (and resume it SECONDS later)
 #   scripts/cluster/rabbitmq.sh ctl NODE ARGS..  rabbitmqctl against that node, with the cluster's cookie
 #
 # Settings (environment): SCHEDULER_CLUSTER_DIR (default ${TMPDIR:-/tmp}/scheduler-cluster; this script uses its
@@ -21,6 +23,8 @@
 # RABBITMQ_BIN (the folder of the real rabbitmq-server and rabbitmqctl, default Debian's /usr/lib/rabbitmq/bin;
 # /usr/sbin's wrappers switch to the rabbitmq user through `su`, which resets HOME and with it the cookie).
 set -euo pipefail
+# shellcheck source=scripts/cluster/at.sh
+. "$(dirname "$0")/at.sh"
 
 BASE="${SCHEDULER_CLUSTER_DIR:-${TMPDIR:-/tmp}/scheduler-cluster}/rabbitmq"
 PORT_BASE="${SCHEDULER_CLUSTER_RABBIT_PORT:-5680}"
@@ -145,6 +149,15 @@ start_node() {
   setsid bash "$0" _serve "$n" >"$dir/server.out" 2>&1 </dev/null &
 }
 
+# start_node's background half: the node's server, in place of this shell (exec). A shell left waiting on the server
+# would, once the node dies (a kill), read on in this file at the offset where it stopped: in a file edited since,
+# that is the middle of some other command, which it would then run.
+serve() {
+  local -a assignments
+  mapfile -t assignments < <(node_env "$1")
+  exec "${RUN_AS[@]}" env "${assignments[@]}" "$RABBITMQ_BIN/rabbitmq-server"
+}
+
 await_node() {
   local n=$1 deadline=$((SECONDS + START_SECONDS))
   # await_startup fails at once while the VM has not registered its name yet: ask again until the deadline.
@@ -158,30 +171,77 @@ await_node() {
   done
 }
 
-# The running nodes as node N sees them, one per line.
-running_nodes() {
-  ctl "$1" cluster_status --formatter json | python3 -c 'import json, sys; print("\n".join(json.load(sys.stdin)["running_nodes"]))'
+# One list of node N's cluster status, one node per line: running_nodes (the nodes it runs with now) or disk_nodes
+# (its cluster's members, running or not, as its own database records them). Fails when the node does not answer.
+# Callers keep the list in a variable and test it with `lists`, never `status_nodes … | grep -q`: grep -q leaves at its
+# first match, and under PYTHONUNBUFFERED=1 (the tests' environment) print's closing newline is a second write that
+# then fails (EPIPE), so under pipefail such a test said "not listed" for 10-30 % of the calls about any node but the
+# last of the list. That made `join` reset live members (docs/DEPLOYMENT.md's split node).
+status_nodes() {
+  local status
+  status="$(ctl "$1" cluster_status --formatter json)" || return 1
+  python3 -c 'import json, sys; print("\n".join(json.loads(sys.argv[1])[sys.argv[2]]))' "$status" "$2"
 }
 
-# The disc nodes of node N's cluster (members, running or not), one per line.
-member_nodes() {
-  ctl "$1" cluster_status --formatter json | python3 -c 'import json, sys; print("\n".join(json.load(sys.stdin)["disk_nodes"]))'
+running_nodes() { status_nodes "$1" running_nodes; }
+
+# Whether the node list LIST (lines, as status_nodes gives) names node N.
+lists() {
+  case $'\n'"$1"$'\n' in
+    *$'\n'"$(node_name "$2")"$'\n'*) return 0 ;;
+    *) return 1 ;;
+  esac
+}
+
+# join_steps N COMMAND… [-- COMMAND…]…: run the commands of a join of node N in turn, each only once the one before
+# succeeded (set -e does not apply inside an `if` or a `||` list): a start_app after a failed join_cluster would start
+# the reset node as a new cluster of its own, serving clients alone. The CLI logs the node's warnings of a join
+# (feature flags, tracking tables) on stderr: kept in join.log, shown when a step fails.
+join_steps() {
+  local n=$1 log
+  shift
+  log="$(node_dir "$n")/join.log"
+  local -a step=()
+  while [ $# -gt 0 ]; do
+    step=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do step+=("$1"); shift; done
+    [ $# -gt 0 ] && shift # the --
+    if ! "${step[@]}" >>"$log" 2>&1; then
+      tail -n 20 "$log" >&2
+      echo "error: '${step[*]}' failed: $(node_name "$n") is not in the cluster (its app is left as that step left it)" >&2
+      exit 1
+    fi
+  done
 }
 
 join() {
-  local n=$1
+  local n=$1 own seed
   # Node 1 is the seed the others join; it joins no one (a node 1 that came back alone is await_whole's to report).
-  if [ "$n" = 1 ] || member_nodes 1 | grep -qx "$(node_name "$n")"; then
-    return 0
+  [ "$n" = 1 ] && return 0
+  # The node's own database decides, never a failed or missing answer of node 1's: a node restarted on its data
+  # lists the cluster and is a member; resetting it would wipe its queues' replicas, and, if join_cluster then failed
+  # (node 1 down or busy), leave it a cluster of its own. Only a node whose database holds nobody but itself (fresh,
+  # or reset) joins.
+  own="$(status_nodes "$n" disk_nodes)" || { echo "error: $(node_name "$n") does not answer cluster_status" >&2; exit 1; }
+  [ "$own" = "$(node_name "$n")" ] || return 0
+  seed="$(status_nodes 1 disk_nodes)" || {
+    echo "error: $(node_name "$n") has to join the cluster, but $(node_name 1) does not answer: try again once it runs" >&2
+    exit 1
+  }
+  if lists "$seed" "$n"; then
+    # The cluster still counts it as a member whose database is gone (a lost disk): join_cluster would answer
+    # "already a member" and leave it alone. The cluster forgets it first, as docs/DEPLOYMENT.md's runbook says.
+    echo "RabbitMQ: $(node_name "$n") lost its database: $(node_name 1) forgets it before it joins again"
+    join_steps "$n" ctl "$n" stop_app -- ctl 1 forget_cluster_node "$(node_name "$n")"
   fi
   echo "RabbitMQ: joining $(node_name "$n") to $(node_name 1)"
-  # The CLI logs the node's warnings of a join (feature flags, tracking tables) on stderr: kept in join.log.
-  {
-    ctl "$n" stop_app
-    ctl "$n" reset # a fresh node's own (empty) database gives way to the cluster's
-    ctl "$n" join_cluster "$(node_name 1)"
-    ctl "$n" start_app
-  } >>"$(node_dir "$n")/join.log" 2>&1 || { tail -n 20 "$(node_dir "$n")/join.log" >&2; exit 1; }
+  # stop_app, reset (a fresh node's own, empty database gives way to the cluster's), join_cluster, start_app.
+  join_steps "$n" ctl "$n" stop_app -- ctl "$n" reset -- ctl "$n" join_cluster "$(node_name 1)" -- ctl "$n" start_app
+  if lists "$seed" "$n"; then
+    # Its quorum queue members went with the forget: give it one in every quorum queue again.
+    with_node "$n" "$RABBITMQ_BIN/rabbitmq-queues" -q -n "$(node_name "$n")" grow "$(node_name "$n")" all \
+      >>"$(node_dir "$n")/join.log" 2>&1 || echo "warning: rabbitmq-queues grow failed (join.log)" >&2
+  fi
 }
 
 cmd_start() {
@@ -278,27 +338,58 @@ cmd_rejoin() {
 }
 
 # Node N and every other running node see each other as running: a node that came back as a cluster of its own
-# (seen once after a SIGKILL, not explained yet; docs/DEPLOYMENT.md) fails here, loudly, instead of serving alone.
+# (docs/DEPLOYMENT.md; `join` made them out of live members until it trusted the node's own database) fails here,
+# loudly, instead of serving alone.
 await_whole() {
-  local n=$1 other deadline=$((SECONDS + 60)) whole
+  local n=$1 other deadline=$((SECONDS + 60)) whole mine theirs
   while :; do
     whole=yes
+    mine="$(running_nodes "$n" || true)"
     for other in "${NODES[@]}"; do
       [ "$other" = "$n" ] && continue
       running "$other" || continue
-      running_nodes "$other" | grep -qx "$(node_name "$n")" || whole=no
-      running_nodes "$n" | grep -qx "$(node_name "$other")" || whole=no
+      theirs="$(running_nodes "$other" || true)"
+      if ! lists "$theirs" "$n" || ! lists "$mine" "$other"; then
+        whole=no
+      fi
     done
     [ "$whole" = yes ] && return 0
     if [ "$SECONDS" -ge "$deadline" ]; then
       echo "error: $(node_name "$n") and the cluster do not see each other as running after 60 s:" >&2
       for other in "${NODES[@]}"; do
-        running "$other" && echo "  as $(node_name "$other") sees it: $(running_nodes "$other" | tr '\n' ' ')" >&2
+        if running "$other"; then
+          echo "  as $(node_name "$other") sees it: running $(running_nodes "$other" | tr '\n' ' ')," \
+            "members $(status_nodes "$other" disk_nodes | tr '\n' ' ')" >&2
+        fi
       done
       exit 1
     fi
     sleep 1
   done
+}
+
+# kill-leader QUEUE [--at EPOCH]: find the node leading QUEUE now (rabbitmqctl: a second or two), then SIGKILL it at
+# EPOCH (bench burst --fault passes $T0: the node goes while the burst is in flight).
+cmd_kill_leader() {
+  local queue=${1:?queue name} at=${2:-} leader
+  leader="$(cmd_leader "$queue")"
+  [ -n "$leader" ] || { echo "error: no queue '$queue' (or it has no leader)" >&2; exit 1; }
+  sleep_until "$at"
+  cmd_kill "$leader"
+}
+
+# pause-leader QUEUE [--at EPOCH] [--for SECONDS]: SIGSTOP the node leading QUEUE at EPOCH (a partitioned node: alive,
+# its connections open, silent); with --for, SIGCONT it that many seconds later.
+cmd_pause_leader() {
+  local queue=${1:?queue name} at=${2:-} hold=${3:-} leader
+  leader="$(cmd_leader "$queue")"
+  [ -n "$leader" ] || { echo "error: no queue '$queue' (or it has no leader)" >&2; exit 1; }
+  sleep_until "$at"
+  cmd_signal STOP "$leader"
+  if [ -n "$hold" ]; then
+    sleep "$hold"
+    cmd_signal CONT "$leader"
+  fi
 }
 
 cmd_leader() {
@@ -324,7 +415,9 @@ case "${1:-}" in
   resume) cmd_signal CONT "${2:-}" ;;
   rejoin) cmd_rejoin "${2:-}" ;;
   leader) cmd_leader "${2:-}" ;;
-  _serve) with_node "$(node_index "${2:-}")" "$RABBITMQ_BIN/rabbitmq-server" ;; # start_node's background half
+  kill-leader) cmd_kill_leader "${2:-}" "$(option_value --at "$@")" ;;
+  pause-leader) cmd_pause_leader "${2:-}" "$(option_value --at "$@")" "$(option_value --for "$@")" ;;
+  _serve) serve "$(node_index "${2:-}")" ;; # start_node's background half
   ctl)
     shift
     n="$(node_index "${1:-}")"
@@ -332,7 +425,7 @@ case "${1:-}" in
     ctl "$n" "$@"
     ;;
   *)
-    sed -n '2,25p' "$0" >&2
+    sed -n '2,24p' "$0" >&2
     exit 2
     ;;
-esac
+esac; exit # on the same line: bash has read it before it runs the command, and reads no further in a file edited since

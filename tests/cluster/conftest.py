@@ -90,6 +90,40 @@ class RabbitCluster:
         for node in RABBIT_NODES:
             assert self.running_nodes(node) == everyone, f"the cluster is not whole as node {node} sees it"
 
+    def pid(self, node: int) -> int | None:
+        """The node's VM process, from its pid file (None when it is down or was killed)."""
+        path = Path(os.environ.get("SCHEDULER_CLUSTER_DIR", f"{os.environ.get('TMPDIR', '/tmp')}/scheduler-cluster"))
+        try:
+            return int((path / "rabbitmq" / f"c{node}" / "pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def alive(self, node: int) -> bool:
+        """The node's VM runs and answers (a killed node's port is closed)."""
+        return port_open(self.port(node))
+
+    def declare_quorum(self, queue: str, node: int = 1) -> None:
+        """A durable quorum queue, declared through `node`."""
+        from kombu import Connection
+
+        with Connection(self.url(node)) as conn:
+            conn.default_channel.queue_declare(
+                queue, durable=True, auto_delete=False, arguments={"x-queue-type": "quorum"}
+            )
+
+    def is_whole(self) -> bool:
+        """assert_whole as a question (a node still pausing or rejoining: not yet)."""
+        try:
+            self.assert_whole()
+        except AssertionError:
+            return False
+        return True
+
+    def resume(self, node: int) -> None:
+        """SIGCONT to a paused node (nothing happens to a running one; a node that is down is left so)."""
+        if self.pid(node) is not None:
+            script("rabbitmq.sh", "resume", str(node))
+
     def kill(self, node: int) -> None:
         script("rabbitmq.sh", "kill", str(node))
 
