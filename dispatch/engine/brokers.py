@@ -75,6 +75,7 @@ class BrokerNodes:
         self.close_timeout = close_timeout
         self.index = 0
         self._unconfirmed = False
+        self._closing: set[asyncio.Task] = set()
 
     @property
     def clustered(self) -> bool:
@@ -101,9 +102,15 @@ class BrokerNodes:
         return lost
 
     async def leave(self, connection: Any) -> None:
-        """Close the connection to a lost node (bounded: a frozen node answers nothing); move on to the next."""
+        """Move on to the next node at once, and close the connection to the lost one beside it: a frozen node
+        answers no close either, and waiting for it (up to close_timeout) would hold every fire of the next step."""
         logger.warning("leaving broker %s", safe(self.current), extra={"action": "broker_failover"})
         self.index = (self.index + 1) % len(self.urls)
+        closing = asyncio.create_task(self._close(connection))
+        self._closing.add(closing)  # a reference until it is done: the event loop keeps only a weak one
+        closing.add_done_callback(self._closing.discard)
+
+    async def _close(self, connection: Any) -> None:
         try:
             await asyncio.wait_for(connection.close(), timeout=self.close_timeout)
         except Exception:

@@ -120,11 +120,33 @@ def test_the_relay_leaves_a_lost_node_for_the_next_one(relay_on):
         await relay.connect()
         opened[0].connected.clear()  # the node went away; the robust connection would retry it alone
         await relay.connect()
+        await asyncio.sleep(0)  # the lost connection is closed beside the relay's work
 
     asyncio.run(scenario())
 
     assert [broker.url for broker in opened] == [urls[0], urls[1]]
     assert opened[0].closed
+
+
+def test_leaving_a_frozen_node_does_not_wait_for_its_close(relay_on):
+    """A frozen (partitioned) node answers no close either: the relay is on the next node before the close ends."""
+    urls = broker_urls(NODES)
+    relay, opened = relay_on(NODES, down=set())
+
+    async def never() -> None:
+        await asyncio.Event().wait()
+
+    async def scenario() -> float:
+        await relay.connect()
+        opened[0].close = never  # type: ignore[method-assign]
+        relay._forget_broken(PublishFailed("none of 3 due envelopes could be confirmed"))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.wait_for(relay.connect(), timeout=5)
+        return loop.time() - started
+
+    assert asyncio.run(scenario()) < 1.0
+    assert [broker.url for broker in opened] == [urls[0], urls[1]]
 
 
 @pytest.mark.parametrize(
