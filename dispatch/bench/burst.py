@@ -396,6 +396,8 @@ class BurstBenchmark(BurstMeasurements):
             after = self.after_confirmed(t0)
         finally:
             peaks = self.stop_processes()
+        # The fault is over before the queues are read back (a paused node answers only once it is resumed).
+        fault_result = fault.finish() if fault is not None else None
         stats = self.lag_stats("scheduled_for")
         if config.lags_out:
             self.write_lags(config.lags_out)
@@ -433,8 +435,8 @@ class BurstBenchmark(BurstMeasurements):
             result["lag_vs_available_p99_s"] = flex["lag_p99_s"]
             result["lag_vs_available_max_s"] = flex["lag_max_s"]
         result.update(after)
-        if fault is not None:
-            result["fault"] = fault.finish()
+        if fault_result is not None:
+            result["fault"] = fault_result
         if not config.keep:
             self.cleanup()
         return result

@@ -209,7 +209,9 @@ class DrainBenchmark(BurstBenchmark):
     def reconcile(t0: datetime) -> dict[str, Any]:
         """`manage.py reconcile` over the burst's instant, every fire materialized and run (so no grace): the
         fires owed by the schedules' versions against the rows, and any stuck on the way."""
-        report = through_failover(lambda: reconcile(since=t0, until=t0 + timedelta(seconds=1), grace_seconds=0))
+        # Stuck from the moment a fire is due: the drain ended, so anything not done by now is stuck.
+        until = t0 + timedelta(seconds=1)
+        report = through_failover(lambda: reconcile(since=t0, until=until, grace_seconds=0, stuck_after_seconds=0))
         return {
             "ok": report.ok,
             "expected": report.expected,

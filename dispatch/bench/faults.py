@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -75,25 +76,34 @@ class Fault:
 
     def _run(self, t0_epoch: float) -> None:
         started = time.monotonic()
+        exit_code: int | str
+        output = ""
         try:
-            done = subprocess.run(
+            # A session of its own: a command that outlives its bound is stopped with everything it started.
+            process = subprocess.Popen(
                 self.command,
                 shell=True,
                 cwd=PROJECT_ROOT,
                 env={**os.environ, "T0": f"{t0_epoch:.3f}"},
-                capture_output=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
                 text=True,
-                timeout=FAULT_TIMEOUT_SECONDS,
+                start_new_session=True,
             )
-            exit_code: int | str = done.returncode
-            output = (done.stdout + done.stderr).strip().splitlines()[-5:]
-        except subprocess.TimeoutExpired:
-            exit_code, output = f"timed out after {FAULT_TIMEOUT_SECONDS:g} s", []
+            try:
+                output, _ = process.communicate(timeout=FAULT_TIMEOUT_SECONDS)
+                exit_code = process.returncode
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                output, _ = process.communicate()
+                exit_code = f"timed out after {FAULT_TIMEOUT_SECONDS:g} s"
+        except Exception as exc:  # it could not even start: the run reports it rather than losing the reason
+            exit_code = f"failed: {exc!r}"
         self.result = {
             "command": self.command,
             "exit": exit_code,
             "seconds": round(time.monotonic() - started, 2),
-            "output": output,
+            "output": (output or "").strip().splitlines()[-5:],
         }
 
     def finish(self) -> dict[str, object]:

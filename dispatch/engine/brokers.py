@@ -88,6 +88,7 @@ class BrokerNodes:
     async def connect(self) -> Any:
         """A connection to the first node that answers, from the current one on."""
         self.index, connection = await connect_first(self.urls, self.index, self.open)
+        logger.info("connected to broker %s", safe(self.current), extra={"action": "connect"})
         return connection
 
     def unconfirmed(self) -> None:

@@ -30,7 +30,7 @@ from django.conf import settings
 
 from dispatch import counters
 from dispatch.engine import loop, relay_claims
-from dispatch.engine.brokers import BrokerNodes, safe
+from dispatch.engine.brokers import BrokerNodes
 from dispatch.engine.faults import crash_point
 from dispatch.engine.loop import Outage, StopFlag, default_process_name, run_loop_async
 from dispatch.engine.publishing import (
@@ -149,7 +149,9 @@ class Relay:
         if self._channel is None or self._channel.is_closed:
             # on_return_raises: a message the broker could not route (its queue was deleted) comes back as an error
             # of its publish, never as a confirmation: the envelope stays unstamped and is published again.
-            self._channel = await self._broker.channel(publisher_confirms=True, on_return_raises=True)
+            self._channel = await asyncio.wait_for(
+                self._broker.channel(publisher_confirms=True, on_return_raises=True), timeout=self.publish_timeout
+            )
             self._queues_declared = False
         if not self._queues_declared:
             await self.declare_queues()
@@ -157,11 +159,9 @@ class Relay:
             logger.info("relay %s connected; queues declared", self.name, extra={"action": "connect"})
 
     async def _open_broker(self, url: str) -> AbstractRobustConnection:
-        broker = await aio_pika.connect_robust(
+        return await aio_pika.connect_robust(
             url, client_properties={"connection_name": self.name}, timeout=self.publish_timeout
         )
-        logger.info("relay %s connected to broker %s", self.name, safe(url), extra={"action": "connect"})
-        return broker
 
     async def declare_queues(self) -> None:
         """Declare the lanes' queues (idempotent): also after a failed publish, since a deleted queue is the
@@ -266,6 +266,8 @@ class Relay:
         if broken and not published:
             raise PublishFailed(f"none of {len(staged)} due envelopes could be published: {broken[0]!r}")
         if broken:
+            if any(isinstance(exc, TimeoutError) for exc in broken):  # it confirmed some, then froze
+                self.brokers.unconfirmed()
             logger.warning(
                 "%d publishes failed with the broker connection (first: %r); their envelopes go out again",
                 len(broken),
@@ -462,11 +464,10 @@ class Relay:
         return wait if self._throttled_for is None else max(wait, self._throttled_for)
 
     def _forget_broken(self, exc: BaseException) -> None:
-        """After a failed step: declare the queues again and reopen a closed channel before the next try. With a
-        cluster, a step none of whose publishes was confirmed (and no alarm blocked) leaves the node: a frozen or
-        partitioned node keeps its TCP connection open but confirms nothing."""
+        """After a failed step: declare the queues again, reopen a closed channel; with a cluster, leave a node that
+        confirmed nothing or timed out (a frozen or partitioned node keeps its TCP connection open, silent)."""
         self._queues_declared = False
-        if isinstance(exc, PublishFailed) and not isinstance(exc, BrokerBlocked):
+        if isinstance(exc, PublishFailed | TimeoutError) and not isinstance(exc, BrokerBlocked):
             self.brokers.unconfirmed()
         if self._channel is not None and self._channel.is_closed:
             self._channel = None

@@ -11,13 +11,19 @@ sleep_until() {
   sleep "$delay"
 }
 
-# option_value NAME ARGS...: the value given to option NAME (`--at`, `--for`) among the arguments, or nothing.
+# option_value NAME ARGS...: the value given to option NAME (`--at`, `--for`) among the arguments, or nothing; a
+# value that is not a number (an unset $T0 expands to nothing) fails, so a fault never strikes at the wrong time. Call
+# it in an assignment of its own (`at="$(option_value --at "$@")" || exit 2`): inside a command's arguments its
+# failure would be ignored.
 option_value() {
   local name=$1
   shift
   while [ $# -gt 0 ]; do
     if [ "$1" = "$name" ]; then
-      [ -n "${2:-}" ] || { echo "error: $name needs a value" >&2; exit 2; }
+      if ! [[ "${2:-}" =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+        echo "error: $name needs a number of seconds, not '${2:-}'" >&2
+        return 2
+      fi
       echo "$2"
       return 0
     fi

@@ -322,8 +322,14 @@ case "${1:-}" in
   status) cmd_status ;;
   url) cmd_url "${2:-}" ;;
   conninfo) cmd_conninfo "${2:-}" ;;
-  kill-primary) cmd_kill_primary "$(option_value --at "$@")" ;;
-  failover) cmd_failover "$(option_value --at "$@")" ;;
+  kill-primary)
+    at="$(option_value --at "$@")" || exit 2
+    cmd_kill_primary "$at"
+    ;;
+  failover)
+    at="$(option_value --at "$@")" || exit 2
+    cmd_failover "$at"
+    ;;
   promote) cmd_promote ;;
   rebuild-standby) cmd_rebuild_standby ;;
   *)

@@ -415,8 +415,15 @@ case "${1:-}" in
   resume) cmd_signal CONT "${2:-}" ;;
   rejoin) cmd_rejoin "${2:-}" ;;
   leader) cmd_leader "${2:-}" ;;
-  kill-leader) cmd_kill_leader "${2:-}" "$(option_value --at "$@")" ;;
-  pause-leader) cmd_pause_leader "${2:-}" "$(option_value --at "$@")" "$(option_value --for "$@")" ;;
+  kill-leader)
+    at="$(option_value --at "$@")" || exit 2
+    cmd_kill_leader "${2:-}" "$at"
+    ;;
+  pause-leader)
+    at="$(option_value --at "$@")" || exit 2
+    hold="$(option_value --for "$@")" || exit 2
+    cmd_pause_leader "${2:-}" "$at" "$hold"
+    ;;
   _serve) serve "$(node_index "${2:-}")" ;; # start_node's background half
   ctl)
     shift

@@ -419,7 +419,8 @@ def burst_through_a_failover(
     # --- reconcile: every fire owed in the window has its row, nothing is stuck ---
     # Every fire has run, so the window is checked to its end (--grace 0): nothing is still being materialized.
     since, until = release - timedelta(seconds=60), db_now()
-    window = ("--since", iso(since), "--until", iso(until), "--tenant", tenant.slug, "--grace", "0", "--json")
+    window = ("--since", iso(since), "--until", iso(until), "--tenant", tenant.slug, "--grace", "0")
+    window += ("--stuck-after", "0", "--json")  # every fire has run: one not done by now is stuck
     done = fleet.manage("reconcile", *window)
     report = json.loads(done.stdout or "{}")
     measured(

@@ -220,8 +220,9 @@ def test_drain_ran_every_fire_once_through_a_real_worker(bench_runs):
     assert result["executed_per_s"] > 0
     assert 0 <= result["start_lag_p50_s"] <= result["start_lag_p99_s"]
     assert result["reconcile"] == {"ok": True, "expected": 300, "missing": 0, "stuck": 0, "unexpected": 0}
-    # Started before T0 with the burst instant in its environment (a whole minute: the bench's T0 is one).
-    assert result["fault"]["exit"] == 0 and result["fault"]["output"][-1].endswith(".000"), result["fault"]
+    # Started before T0 with the burst instant in its environment (a whole minute, give or take the clock's mapping).
+    t0 = float(result["fault"]["output"][-1].removeprefix("at "))
+    assert result["fault"]["exit"] == 0 and abs(t0 - round(t0)) < 0.05, result["fault"]
 
 
 def test_fairness_measured_both_tenants_apart(bench_runs):
