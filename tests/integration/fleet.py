@@ -53,31 +53,19 @@ class Fleet:
         return due_on(self.strict, make_schedule, tenant, count, at, envelope=envelope, **schedule_fields)
 
     def relay(self, **env: str) -> subprocess.Popen:
-        log = _log_file("relay")
-        with log.open("wb") as out:
-            process = manage(
-                "relay",
-                "--name",
-                f"fleet-relay-{uuid.uuid4().hex[:6]}",
-                env=self.env(**env),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        self.processes.append((process, log))
-        return process
+        return self._manage_process("relay", **env)
 
     def materializer(self, **env: str) -> subprocess.Popen:
         """`manage.py materialize` under a name of its own (its heartbeat and shard leases carry it)."""
-        log = _log_file("materializer")
+        return self._manage_process("materialize", **env)
+
+    def _manage_process(self, command: str, **env: str) -> subprocess.Popen:
+        """A long-running management command of this fleet, named fleet-<role>-<random>, its output in a log."""
+        role = "materializer" if command == "materialize" else command
+        log = _log_file(role)
         with log.open("wb") as out:
-            process = manage(
-                "materialize",
-                "--name",
-                f"fleet-materializer-{uuid.uuid4().hex[:6]}",
-                env=self.env(**env),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+            name = f"fleet-{role}-{uuid.uuid4().hex[:6]}"
+            process = manage(command, "--name", name, env=self.env(**env), stdout=out, stderr=subprocess.STDOUT)
         self.processes.append((process, log))
         return process
 
